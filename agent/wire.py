@@ -1,0 +1,159 @@
+"""Wire models shared by the agent and the control plane (the agent owns them; the control plane imports them).
+
+One report from an agent carries everything the control plane learns about a node; the answer carries the
+node's desired state. Both sides validate with these models, so a malformed report is a 422, never a half
+write. Bump ``PROTOCOL_VERSION`` on any incompatible change; the control plane refuses versions it does not
+speak with a 4xx that names the supported ones.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROTOCOL_VERSION = 1
+
+# Names are DNS-label-like so they are safe in URLs, Prometheus labels and file names.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+
+
+class ReplicaState(StrEnum):
+    """Lifecycle of one engine replica; the agent's supervisor owns every transition."""
+
+    STOPPED = "STOPPED"
+    STARTING = "STARTING"
+    WARMING = "WARMING"
+    READY = "READY"
+    DRAINING = "DRAINING"
+    STOPPING = "STOPPING"
+    BACKOFF = "BACKOFF"
+    FATAL = "FATAL"
+    # An attached engine (not started by Pitstop) that answers its probes, or does not.
+    ATTACHED = "ATTACHED"
+    UNREACHABLE = "UNREACHABLE"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuSample(_Wire):
+    """One GPU's readings at one instant. ``None`` means the backend could not read that field."""
+
+    index: int = Field(ge=0, le=1023)
+    uuid: str = Field(max_length=128)
+    name: str = Field(max_length=128)
+    temperature_celsius: float | None = None
+    slowdown_temperature_celsius: float | None = None
+    shutdown_temperature_celsius: float | None = None
+    memory_used_bytes: int | None = Field(default=None, ge=0)
+    memory_total_bytes: int | None = Field(default=None, ge=0)
+    utilization_ratio: float | None = Field(default=None, ge=0, le=1)
+    power_watts: float | None = Field(default=None, ge=0)
+    power_limit_watts: float | None = Field(default=None, ge=0)
+    throttle_reasons: list[str] = Field(default_factory=list, max_length=64)
+    ecc_uncorrected_total: int | None = Field(default=None, ge=0)
+    xid_events_total: int = Field(default=0, ge=0)
+    last_xid: int | None = None
+
+
+class EngineSample(_Wire):
+    """What the agent read from one engine's /metrics over the last interval (rates and window quantiles)."""
+
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    kv_cache_usage_ratio: float | None = None
+    preemptions_total: float | None = None
+    prompt_tokens_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    generation_tokens_total: float | None = None
+    requests_per_second: float | None = None
+    errors_per_second: float | None = None
+    ttft_p50_seconds: float | None = None
+    ttft_p95_seconds: float | None = None
+    ttft_p99_seconds: float | None = None
+    itl_p50_seconds: float | None = None
+    itl_p95_seconds: float | None = None
+    itl_p99_seconds: float | None = None
+    e2e_p99_seconds: float | None = None
+    scrape_error: str | None = Field(default=None, max_length=2000)
+
+
+class ProcessSample(_Wire):
+    """Process-tree figures for one replica (API server plus EngineCore and worker children)."""
+
+    pid: int | None = None
+    rss_bytes: int | None = Field(default=None, ge=0)
+    cpu_percent: float | None = Field(default=None, ge=0)
+    num_threads: int | None = Field(default=None, ge=0)
+    num_fds: int | None = Field(default=None, ge=0)
+    num_processes: int | None = Field(default=None, ge=0)
+    gpu_memory_bytes: int | None = Field(default=None, ge=0)
+
+
+class ReplicaStatus(_Wire):
+    name: str = Field(pattern=NAME_PATTERN)
+    model: str = Field(max_length=256)
+    url: str = Field(max_length=512)
+    state: ReplicaState
+    ready: bool
+    managed: bool = True
+    gpus: list[int] = Field(default_factory=list, max_length=64)
+    generation: int = Field(default=0, ge=0)
+    engine_args: list[str] = Field(default_factory=list, max_length=256)
+    restarts_total: int = Field(default=0, ge=0)
+    state_since: datetime
+    last_exit_code: int | None = None
+    log_tail: list[str] = Field(default_factory=list, max_length=200)
+    engine: EngineSample | None = None
+    process: ProcessSample | None = None
+    canary_ttft_seconds: float | None = None
+    canary_ok: bool | None = None
+
+
+class ReplicaEvent(_Wire):
+    """One state transition, or another notable thing that happened to a replica."""
+
+    replica: str = Field(pattern=NAME_PATTERN)
+    at: datetime
+    kind: str = Field(max_length=64)  # "transition", "crash", "orphan", ...
+    from_state: ReplicaState | None = None
+    to_state: ReplicaState | None = None
+    message: str = Field(default="", max_length=4000)
+
+
+class NodeReport(_Wire):
+    protocol_version: int = Field(ge=1)
+    node: str = Field(pattern=NAME_PATTERN)
+    hostname: str = Field(max_length=256)
+    agent_version: str = Field(max_length=64)
+    agent_url: str | None = Field(default=None, max_length=512)
+    sent_at: datetime
+    # Increases by one per report; lets the control plane drop duplicates and out-of-order retries.
+    sequence: int = Field(ge=0)
+    gpus: list[GpuSample] = Field(default_factory=list, max_length=64)
+    replicas: list[ReplicaStatus] = Field(default_factory=list, max_length=64)
+    events: list[ReplicaEvent] = Field(default_factory=list, max_length=1000)
+
+
+class ReplicaSpec(_Wire):
+    """Desired state of one replica: the engine arguments to run and the generation they belong to."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    generation: int = Field(ge=0)
+    engine_args: list[str] = Field(default_factory=list, max_length=256)
+    # False means: drain and stop it, and keep it stopped.
+    enabled: bool = True
+
+
+class DesiredState(_Wire):
+    """The control plane's answer to a report. An empty ``replicas`` list means: keep running your config."""
+
+    protocol_version: int = PROTOCOL_VERSION
+    node: str
+    cordoned: bool = False
+    replicas: list[ReplicaSpec] = Field(default_factory=list)
+    # How often the control plane wants reports, so it can slow a large fleet down.
+    report_interval_seconds: float | None = None
