@@ -1,0 +1,40 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both build the venv themselves.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.pitstop-installed
+
+.PHONY: demo test lint unit deps clean help
+
+help:
+	@echo "make demo   - control plane + agent + three simulated vLLM replicas + console, until Ctrl-C"
+	@echo "make test   - lint, type-check and run the whole test suite"
+	@echo "make unit   - only the fast tests (no real processes)"
+
+# Reinstall when the project's metadata changes; the editable install picks up code changes by itself.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+deps: $(STAMP)
+	@bash scripts/ensure-debian-packages.sh
+
+demo: $(STAMP)
+	$(BIN)/pitstop demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: deps lint
+	$(BIN)/pytest
+
+unit: $(STAMP)
+	$(BIN)/pytest -m 'not slow'
+
+clean:
+	rm -rf $(VENV) .pitstop .mypy_cache .ruff_cache .pytest_cache
