@@ -1,0 +1,91 @@
+"""What a policy does when its condition holds: an action kind plus its parameters."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, model_validator
+
+from controlplane.policy.durations import Duration
+
+Severity = Literal["info", "warning", "page"]
+
+
+class _Action(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class RestartAction(_Action):
+    """Drain (readiness off, in-flight work finishes) then restart the engine with the same arguments."""
+
+    kind: Literal["restart"]
+    drain: bool = True
+
+
+class RollingRestartAction(_Action):
+    """Restart every replica of the target's model, ``batch_size`` at a time."""
+
+    kind: Literal["rolling_restart"]
+    batch_size: int = Field(default=1, ge=1)
+
+
+class PlannedRestartAction(_Action):
+    """A drained restart the executor may schedule any time within ``within`` (leaks: not urgent)."""
+
+    kind: Literal["planned_restart"]
+    within: Duration = Field(default=3600.0, gt=0)
+
+
+class RaiseSpec(BaseModel):
+    """Hysteresis for raising max-num-seqs again: the SLO met with margin for longer than it took to lower."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    # Raise only while the signal stays below threshold * margin ...
+    margin: float = Field(default=0.7, gt=0, lt=1)
+    # ... for this long, at the current value.
+    for_: Duration = Field(default=900.0, alias="for", gt=0)
+    max: int = Field(default=256, ge=1)
+    # A value that broke the SLO within this long is not tried again: the fleet settles below it.
+    remember: Duration = Field(default=3600.0, gt=0)
+
+
+class LowerMaxNumSeqsAction(_Action):
+    """The max-num-seqs governor: lower under pressure (canary on one replica first), raise when it is gone.
+
+    vLLM fixes --max-num-seqs at start, so every change is a restart with new engine arguments.
+    """
+
+    kind: Literal["lower_max_num_seqs"]
+    factor: float = Field(default=0.5, gt=0, lt=1)
+    min: int = Field(default=8, ge=1)
+    # Explicit values to step through instead of multiplying by factor (any order; sorted when used).
+    ladder: list[int] | None = Field(default=None, min_length=1)
+    canary: bool = True
+    # What the engine runs when its arguments carry no --max-num-seqs (vLLM's default depends on the GPU).
+    assumed_default: int = Field(default=256, ge=1)
+    raise_: RaiseSpec | None = Field(default=None, alias="raise")
+
+    @model_validator(mode="after")
+    def _ladder_positive(self) -> LowerMaxNumSeqsAction:
+        if self.ladder is not None and any(v < 1 for v in self.ladder):
+            raise ValueError("ladder values must be positive integers")
+        return self
+
+
+class CordonAction(_Action):
+    """Stop placing replicas on the GPU's node; running replicas keep serving until moved."""
+
+    kind: Literal["cordon"]
+    scope: Literal["node", "gpu"] = "node"
+
+
+class AlertAction(_Action):
+    kind: Literal["alert"]
+    severity: Severity = "warning"
+
+
+Action = Annotated[
+    RestartAction | RollingRestartAction | PlannedRestartAction | LowerMaxNumSeqsAction | CordonAction | AlertAction,
+    Discriminator("kind"),
+]

@@ -1,0 +1,99 @@
+"""Leak: a robust memory trend (Theil-Sen) projected to the limit.
+
+Engine leaks are slow and real — host RSS in the EngineCore/worker children (vLLM #44175, #43639) and VRAM
+(#17243). Theil-Sen (the median of pairwise slopes) shrugs off allocator steps and single outliers that
+would swing a least-squares fit. Three gates keep flat noisy memory quiet: a minimum window, a minimum
+slope, and most pairwise slopes pointing up (flat noise sits near one half).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from statistics import median
+
+from controlplane.policy.conditions import LeakCondition
+from controlplane.policy.detectors.findings import Finding, evidence_of
+from controlplane.policy.durations import format_duration
+from controlplane.policy.snapshot import FleetSnapshot, Replica
+
+# Points kept for the pairwise slopes: 120 points is 7,140 pairs, cheap at any history length.
+MAX_POINTS = 120
+
+
+def _subsample(points: Sequence[tuple[float, float]], limit: int = MAX_POINTS) -> list[tuple[float, float]]:
+    if len(points) <= limit:
+        return list(points)
+    step = (len(points) - 1) / (limit - 1)
+    return [points[round(i * step)] for i in range(limit)]
+
+
+def theil_sen(points: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
+    """(slope, intercept, rising fraction) of ``(x, y)`` points: median pairwise slope, median intercept,
+    and the share of pairs whose slope is positive. Points are subsampled evenly to bound the cost."""
+    pts = _subsample(points)
+    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(pts) for x2, y2 in pts[i + 1 :] if x2 != x1]
+    if not slopes:
+        return 0.0, pts[0][1] if pts else 0.0, 0.0
+    slope = median(slopes)
+    intercept = median(y - slope * x for x, y in pts)
+    rising = sum(1 for s in slopes if s > 0) / len(slopes)
+    return slope, intercept, rising
+
+
+def rough_slope(points: Sequence[tuple[float, float]]) -> float:
+    """A cheap robust slope: median of the last quarter minus median of the first, over their time apart."""
+    q = max(2, len(points) // 4)
+    head, tail = points[:q], points[-q:]
+    dx = median(x for x, _ in tail) - median(x for x, _ in head)
+    return (median(y for _, y in tail) - median(y for _, y in head)) / dx if dx > 0 else 0.0
+
+
+def memory_limit(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot) -> int | None:
+    """The bytes the resource would exhaust: configured, else host memory (rss) or the GPUs' memory."""
+    if cond.limit_bytes is not None:
+        return cond.limit_bytes
+    if cond.resource == "rss":
+        node = snapshot.node(replica.node)
+        return node.memory_total_bytes if node else None
+    totals = [g.memory_total_bytes for g in snapshot.gpus_of(replica)]
+    known = [t for t in totals if t is not None]
+    return sum(known) if known and len(known) == len(totals) else None
+
+
+def detect_leak(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot, now: datetime) -> Finding | None:
+    """A finding when memory climbs steadily fast enough to reach the limit within the horizon."""
+    field = "rss_bytes" if cond.resource == "rss" else "gpu_memory_bytes"
+    start = now - timedelta(seconds=cond.lookback)
+    series = [s for s in replica.history if start <= s.at <= now and getattr(s, field) is not None]
+    if len(series) < cond.min_samples:
+        return None
+    t0 = series[0].at
+    span = (series[-1].at - t0).total_seconds()
+    if span < cond.min_window:
+        return None
+    points = [((s.at - t0).total_seconds(), float(getattr(s, field))) for s in series]
+    if rough_slope(points) * 60.0 < cond.min_slope_bytes_per_minute / 2:
+        return None  # flat memory, the common case: skip the pairwise slopes
+    slope, intercept, rising = theil_sen(points)
+    per_minute = slope * 60.0
+    if per_minute < cond.min_slope_bytes_per_minute or rising < cond.min_rising_fraction:
+        return None
+    limit = memory_limit(cond, replica, snapshot)
+    if limit is None:
+        return None
+    ceiling = limit * cond.limit_ratio
+    current = intercept + slope * (now - t0).total_seconds()  # the trend's level now, not one noisy reading
+    seconds_left = max(0.0, (ceiling - current) / slope)
+    if seconds_left > cond.horizon:
+        return None
+    mib = 2**20
+    return Finding(
+        detector="leak",
+        subject=replica.key,
+        summary=f"{cond.resource} grows {per_minute / mib:.1f} MiB/min over {format_duration(span)}; "
+        f"reaches {cond.limit_ratio:.0%} of {limit / 2**30:.1f} GiB in {format_duration(seconds_left)}",
+        measured={"slope_bytes_per_minute": per_minute, "rising_fraction": rising, "trend_bytes": current,
+                  "limit_bytes": limit, "seconds_to_limit": seconds_left, "window_seconds": span},
+        evidence=evidence_of(series, [field]),
+    )

@@ -1,0 +1,166 @@
+"""``evaluate(policies, snapshot, now)``: every action the policies propose for the fleet now. Pure.
+
+Detectors find problems in replicas' or GPUs' histories; each finding becomes actions on the right target
+(a GPU finding restarts the replicas on that GPU, a replica finding cordons the replica's node, ...).
+Guardrails are applied afterwards, by ``guardrails.decide``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from controlplane.policy.actions import (
+    AlertAction,
+    CordonAction,
+    LowerMaxNumSeqsAction,
+    PlannedRestartAction,
+    RestartAction,
+    RollingRestartAction,
+)
+from controlplane.policy.conditions import (
+    CrashLoopCondition,
+    ErrorRateCondition,
+    LeakCondition,
+    OomCrashCondition,
+    StallCondition,
+    ThermalCondition,
+    ThresholdCondition,
+    XidCondition,
+)
+from controlplane.policy.detectors.crash import detect_crash_loop, detect_oom_crash
+from controlplane.policy.detectors.findings import Finding
+from controlplane.policy.detectors.leak import detect_leak
+from controlplane.policy.detectors.slo import detect_error_rate, detect_threshold
+from controlplane.policy.detectors.stall import detect_stall
+from controlplane.policy.detectors.thermal import detect_thermal
+from controlplane.policy.detectors.xid import detect_xid
+from controlplane.policy.governor import govern_model
+from controlplane.policy.policy import Policy
+from controlplane.policy.proposals import ProposedAction, Target
+from controlplane.policy.snapshot import FleetSnapshot, Gpu, Replica
+
+GPU_CONDITIONS = (ThermalCondition, XidCondition)
+
+
+def in_scope_replicas(policy: Policy, snapshot: FleetSnapshot) -> list[Replica]:
+    return [r for r in snapshot.replicas if policy.scope.matches(r)]
+
+
+def in_scope_gpus(policy: Policy, snapshot: FleetSnapshot) -> list[Gpu]:
+    """GPUs on in-scope nodes; with model or label selectors, only GPUs running a selected replica."""
+    selective = bool(policy.scope.models or policy.scope.labels)
+    return [g for g in snapshot.gpus if policy.scope.matches_node(g.node) and (
+        not selective or any(policy.scope.matches(r) for r in snapshot.replicas_on(g.node, g.index)))]
+
+
+def detect(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> list[Finding]:
+    """Every finding of one policy's condition over its scope (governor policies use ``govern_model``)."""
+    cond = policy.condition
+    if isinstance(cond, GPU_CONDITIONS):
+        gpus = in_scope_gpus(policy, snapshot)
+        if isinstance(cond, ThermalCondition):
+            return [f for g in gpus if (f := detect_thermal(cond, g, now))]
+        return [f for g in gpus if (f := detect_xid(cond, g, now))]
+    found: list[Finding | None] = []
+    for replica in in_scope_replicas(policy, snapshot):
+        if isinstance(cond, ThresholdCondition):
+            found.append(detect_threshold(cond, replica, now) if replica.serving else None)
+        elif isinstance(cond, ErrorRateCondition):
+            found.append(detect_error_rate(cond, replica, now) if replica.serving else None)
+        elif isinstance(cond, StallCondition):
+            found.append(detect_stall(cond, replica, now))
+        elif isinstance(cond, LeakCondition):
+            found.append(detect_leak(cond, replica, snapshot, now) if replica.serving else None)
+        elif isinstance(cond, CrashLoopCondition):
+            found.append(detect_crash_loop(cond, replica, now))
+        elif isinstance(cond, OomCrashCondition):
+            found.append(detect_oom_crash(cond, replica, now))
+    return [f for f in found if f is not None]
+
+
+def _subject_replicas(policy: Policy, finding: Finding, snapshot: FleetSnapshot) -> list[Replica]:
+    """The in-scope replicas a finding is about: the replica itself, or those on the GPU."""
+    node, _, rest = finding.subject.partition("/")
+    if isinstance(policy.condition, GPU_CONDITIONS):
+        return [r for r in snapshot.replicas_on(node, int(rest)) if policy.scope.matches(r)]
+    return [r for r in snapshot.replicas if r.key == finding.subject]
+
+
+def _subject_target(policy: Policy, finding: Finding) -> Target:
+    node, _, rest = finding.subject.partition("/")
+    if isinstance(policy.condition, GPU_CONDITIONS):
+        return Target(kind="gpu", node=node, gpu=int(rest))
+    return Target(kind="replica", node=node, replica=rest)
+
+
+def actions_for(policy: Policy, findings: Sequence[Finding], snapshot: FleetSnapshot) -> list[ProposedAction]:
+    """Turn one policy's findings into proposed actions on the right targets (plus its notify alerts)."""
+    action = policy.action
+    out: list[ProposedAction] = []
+
+    def propose(kind: str, target: Target, finding: Finding, replicas: Sequence[Replica] = (),
+                params: dict[str, object] | None = None, extra: str = "") -> None:
+        models = {r.model for r in replicas}
+        out.append(ProposedAction.model_validate({
+            "policy": policy.name, "kind": kind, "target": target, "params": params or {},
+            "replicas": [r.key for r in replicas], "model": models.pop() if len(models) == 1 else None,
+            "reason": finding.summary + extra, "findings": [finding], "runbook_url": policy.runbook_url}))
+
+    rolled: set[str] = set()
+    for finding in findings:
+        replicas = _subject_replicas(policy, finding, snapshot)
+        if isinstance(action, RestartAction | PlannedRestartAction):
+            params: dict[str, object] = (
+                {"drain": action.drain} if isinstance(action, RestartAction) else {"within_seconds": action.within})
+            for r in replicas:
+                target = Target(kind="replica", node=r.node, replica=r.name, model=r.model)
+                if not r.managed:
+                    propose("alert", target, finding, params={"severity": "warning"},
+                            extra=f": {r.key} is attached, not managed by Pitstop; restart it by hand")
+                    continue
+                propose(action.kind, target, finding, [r], {**params, "engine_args": list(r.engine_args)},
+                        f": {action.kind.replace('_', ' ')}")
+        elif isinstance(action, RollingRestartAction):
+            for model in sorted({r.model for r in replicas} - rolled):
+                rolled.add(model)
+                members = [r for r in snapshot.replicas_of_model(model) if policy.scope.matches(r) and r.managed]
+                propose("rolling_restart", Target(kind="model", model=model), finding, members,
+                        {"batch_size": action.batch_size}, f": rolling restart of {model}")
+        elif isinstance(action, CordonAction):
+            target = _subject_target(policy, finding)
+            node = snapshot.node(target.node or "")
+            if node is not None and node.cordoned:
+                pass  # already fenced: nothing to do but the notify below
+            elif action.scope == "gpu" and target.kind == "gpu":
+                propose("cordon", target, finding, params={"scope": "gpu"}, extra=f": cordon GPU {target.gpu}")
+            else:
+                propose("cordon", Target(kind="node", node=target.node), finding, params={"scope": "node"},
+                        extra=f": cordon node {target.node}")
+        elif isinstance(action, AlertAction):
+            propose("alert", _subject_target(policy, finding), finding, params={"severity": action.severity})
+        subject = _subject_target(policy, finding)
+        already = any(a.kind == "alert" and a.target.key == subject.key and a.findings == [finding] for a in out)
+        if policy.notify is not None and not already:
+            propose("alert", subject, finding, params={"severity": policy.notify.severity})
+    return out
+
+
+def evaluate_policy(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> list[ProposedAction]:
+    """The actions one policy proposes now."""
+    if not policy.enabled:
+        return []
+    if isinstance(policy.action, LowerMaxNumSeqsAction):
+        assert isinstance(policy.condition, ThresholdCondition)  # the policy's validator guarantees it
+        managed = [r for r in in_scope_replicas(policy, snapshot) if r.managed]
+        out: list[ProposedAction] = []
+        for model in sorted({r.model for r in managed}):
+            out += govern_model(policy, policy.condition, policy.action,
+                                [r for r in managed if r.model == model], now)
+        return out
+    return actions_for(policy, detect(policy, snapshot, now), snapshot)
+
+
+def evaluate(policies: Sequence[Policy], snapshot: FleetSnapshot, now: datetime) -> list[ProposedAction]:
+    """Every action the policies propose for the fleet at ``now``, in policy order. Pure: no IO, no clock."""
+    return [a for p in policies for a in evaluate_policy(p, snapshot, now)]

@@ -1,0 +1,209 @@
+"""The max-num-seqs governor: lower under SLO pressure, canary first; raise again with hysteresis.
+
+vLLM fixes --max-num-seqs at start (DESIGN: every scheduler flag), so each step is a restart with new
+arguments. Lowering goes to one replica first; once that canary has met the SLO for the condition's
+duration, its value is promoted to the model's other breaching replicas. Raising waits until the SLO has
+been met with margin for longer (``raise.for``) and never returns to a value that broke the SLO within
+``raise.remember`` — so the fleet settles on the largest value that meets the SLO instead of oscillating.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from agent.wire import ReplicaState
+from controlplane.policy.actions import LowerMaxNumSeqsAction
+from controlplane.policy.conditions import Op, ThresholdCondition
+from controlplane.policy.detectors.findings import Finding, covering, evidence_of
+from controlplane.policy.detectors.slo import OPS, detect_threshold, signal_holds
+from controlplane.policy.durations import format_duration
+from controlplane.policy.engine_args import set_flag
+from controlplane.policy.policy import Policy
+from controlplane.policy.proposals import ProposedAction, Target
+from controlplane.policy.snapshot import Replica, ReplicaSample
+
+FLAG = "--max-num-seqs"
+_INVERSE: dict[Op, Op] = {">": "<=", ">=": "<", "<": ">=", "<=": ">"}
+# A replica in these states is on its way to a new value (or out for one): a change in flight.
+SETTLING = frozenset({ReplicaState.STARTING, ReplicaState.WARMING, ReplicaState.DRAINING, ReplicaState.STOPPING})
+
+
+def lower_value(current: int, action: LowerMaxNumSeqsAction) -> int | None:
+    """The next value down from ``current`` (ladder rung below, else current * factor), never below min."""
+    if action.ladder:
+        below = [v for v in sorted(set(action.ladder)) if v < current]
+        new = below[-1] if below else action.min
+    else:
+        new = math.floor(current * action.factor)
+    new = max(new, action.min)
+    return new if new < current else None
+
+
+def raise_value(current: int, action: LowerMaxNumSeqsAction, maximum: int) -> int | None:
+    """The next value up from ``current`` (ladder rung above, else current / factor), capped at maximum."""
+    if action.ladder:
+        above = [v for v in sorted(set(action.ladder)) if v > current]
+        new = above[0] if above else maximum
+    else:
+        new = math.ceil(current / action.factor)
+    new = min(new, maximum)
+    return new if new > current else None
+
+
+def current_value(replica: Replica, action: LowerMaxNumSeqsAction) -> int:
+    return replica.max_num_seqs or action.assumed_default
+
+
+def at_value(replica: Replica, value: int) -> list[ReplicaSample]:
+    """History read while the engine ran with ``value`` (samples of an older value say nothing about it)."""
+    return [s for s in replica.history if s.max_num_seqs in (None, value)]
+
+
+def _longest_breach(samples: Sequence[ReplicaSample], cond: ThresholdCondition) -> float:
+    longest, start = 0.0, None
+    for s in samples:
+        value = getattr(s, cond.signal)
+        if value is not None and OPS[cond.op](float(value), cond.threshold):
+            start = start or s.at
+            longest = max(longest, (s.at - start).total_seconds())
+        else:
+            start = None
+    return longest
+
+
+def breach_ceiling(replicas: Sequence[Replica], cond: ThresholdCondition, remember: float, now: datetime) -> int | None:
+    """The smallest value at which the SLO broke for its full duration within ``remember``."""
+    since = now - timedelta(seconds=remember)
+    bad: list[int] = []
+    for replica in replicas:
+        values = {s.max_num_seqs for s in replica.history if s.max_num_seqs is not None and s.at >= since}
+        for value in values:
+            samples = [s for s in replica.history if s.max_num_seqs == value and since <= s.at <= now]
+            if _longest_breach(samples, cond) >= cond.for_:
+                bad.append(value)
+    return min(bad) if bad else None
+
+
+def _change(policy: Policy, kind: str, replicas: Sequence[Replica], value: int, previous: int, reason: str,
+            findings: list[Finding], target: Target) -> ProposedAction:
+    return ProposedAction(
+        policy=policy.name,
+        kind="lower_max_num_seqs" if kind == "lower" else "raise_max_num_seqs",
+        target=target,
+        params={"max_num_seqs": value, "previous": previous,
+                "engine_args": {r.key: set_flag(r.engine_args, FLAG, str(value)) for r in replicas}},
+        replicas=[r.key for r in replicas],
+        model=replicas[0].model,
+        reason=reason,
+        findings=findings,
+        runbook_url=policy.runbook_url,
+    )
+
+
+def _replica_target(replica: Replica) -> Target:
+    return Target(kind="replica", node=replica.node, replica=replica.name, model=replica.model)
+
+
+def govern_model(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsAction,
+                 replicas: Sequence[Replica], now: datetime) -> list[ProposedAction]:
+    """Governor decisions for one model's managed replicas (serving ones are judged; restarting ones wait)."""
+    replicas = [r for r in replicas if r.serving or r.state in SETTLING]
+    cur = {r.key: current_value(r, action) for r in replicas}
+    findings = {r.key: detect_threshold(cond, r, now, at_value(r, cur[r.key])) if r.serving else None
+                for r in replicas}
+    breaching = [r for r in replicas if findings[r.key] is not None]
+    if breaching:
+        return _lower(policy, cond, action, replicas, breaching, cur, findings, now)
+    settling = [r for r in replicas if not r.serving or covering(at_value(r, cur[r.key]), now, cond.for_) is None]
+    if action.raise_ is not None and not settling:  # one change in flight per model: let the last one prove itself
+        return _raise(policy, cond, action, replicas, cur, now)
+    return []
+
+
+def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsAction, replicas: Sequence[Replica],
+           breaching: list[Replica], cur: dict[str, int], findings: dict[str, Finding | None],
+           now: datetime) -> list[ProposedAction]:
+    out: list[ProposedAction] = []
+    top = max(cur[b.key] for b in breaching)
+    lower = [r for r in replicas if r not in breaching and cur[r.key] < top]
+    inverse = _INVERSE[cond.op]
+    proven = [r for r in lower if r.serving
+              and signal_holds(at_value(r, cur[r.key]), now, cond.signal, inverse, cond.threshold, cond.for_)]
+    if proven:
+        value = max(cur[r.key] for r in proven)
+        promote = [b for b in breaching if cur[b.key] > value]
+        if promote:
+            canary = max(proven, key=lambda r: cur[r.key])
+            out.append(_change(
+                policy, "lower", promote, value, max(cur[b.key] for b in promote),
+                f"promote canary value {value} (met the SLO on {canary.key} for {format_duration(cond.for_)}) to "
+                f"{len(promote)} breaching replica(s) of {promote[0].model}, one at a time",
+                [f for b in promote if (f := findings[b.key]) is not None],
+                Target(kind="model", model=promote[0].model)))
+        rest = [b for b in breaching if cur[b.key] <= value]
+    elif lower:
+        # A canary is still proving itself; only a breach at or below its value may go lower.
+        rest = [b for b in breaching if cur[b.key] <= min(cur[r.key] for r in lower)]
+    else:
+        rest = breaching
+    if rest and action.canary:
+        # Values above the lowest breaching one are known bad: deepen there, one replica at a time.
+        lowest = min(cur[b.key] for b in rest)
+        rest = [_worst([b for b in rest if cur[b.key] == lowest], cond, findings)]
+    candidates = rest
+    for replica in candidates:
+        finding = findings[replica.key]
+        assert finding is not None
+        new = lower_value(cur[replica.key], action)
+        if new is None:
+            out.append(ProposedAction(
+                policy=policy.name, kind="alert", target=_replica_target(replica),
+                params={"severity": "warning"}, model=replica.model, findings=[finding],
+                reason=f"{finding.summary}; max-num-seqs is already at its floor {action.min}: lowering cannot "
+                "help, look at the load or add capacity", runbook_url=policy.runbook_url))
+            continue
+        how = "canary on one replica first, then promote to the others" if action.canary else "each replica"
+        out.append(_change(
+            policy, "lower", [replica], new, cur[replica.key],
+            f"{finding.summary}: lower max-num-seqs {cur[replica.key]} -> {new} ({how})",
+            [finding], _replica_target(replica)))
+    return out
+
+
+def _worst(rest: list[Replica], cond: ThresholdCondition, findings: dict[str, Finding | None]) -> Replica:
+    def latest(r: Replica) -> tuple[float, str]:
+        f = findings[r.key]
+        return (f.figure("latest") if f else 0.0, r.key)
+
+    return max(rest, key=latest) if cond.op[0] == ">" else min(rest, key=latest)
+
+
+def _raise(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsAction, replicas: Sequence[Replica],
+           cur: dict[str, int], now: datetime) -> list[ProposedAction]:
+    spec = action.raise_
+    assert spec is not None
+    comfortable = cond.threshold * spec.margin if cond.op[0] == ">" else cond.threshold / spec.margin
+    ceiling = breach_ceiling(replicas, cond, spec.remember, now)
+    candidates: list[tuple[Replica, int, list[ReplicaSample]]] = []
+    for replica in replicas:
+        up = raise_value(cur[replica.key], action, spec.max)
+        if up is None or (ceiling is not None and up >= ceiling):
+            continue  # settled: the next step up broke the SLO recently
+        run = signal_holds(at_value(replica, cur[replica.key]), now, cond.signal, _INVERSE[cond.op], comfortable,
+                           spec.for_)
+        if run is not None:
+            candidates.append((replica, up, run))
+    if not candidates:
+        return []
+    replica, up, run = min(candidates, key=lambda c: (cur[c[0].key], c[0].key))
+    finding = Finding(
+        detector="threshold", subject=replica.key,
+        summary=f"{cond.signal} {_INVERSE[cond.op]} {comfortable:.4g} for {format_duration(spec.for_)} "
+        f"at max-num-seqs {cur[replica.key]}",
+        measured={"ceiling": ceiling}, evidence=evidence_of(run, [cond.signal, "max_num_seqs"]))
+    return [_change(policy, "raise", [replica], up, cur[replica.key],
+                    f"{finding.summary}: raise max-num-seqs {cur[replica.key]} -> {up} (one replica at a time"
+                    + (f"; never back to {ceiling}, which broke the SLO recently)" if ceiling else ")"),
+                    [finding], _replica_target(replica))]

@@ -1,0 +1,225 @@
+"""Guardrails: pure filters that decide which proposed actions may run now.
+
+``decide(actions, state, snapshot, now, policies, config)`` returns one decision per action — allowed,
+suppressed (with the guardrail's name and reason), shadow (dry-run) or awaiting approval. The guard state
+(recent actions with their outcomes, the breaker) is an input value; the executor stores the next one.
+Alerts are never held back by capacity guardrails: the page must go out even when automation is stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from enum import StrEnum
+from fnmatch import fnmatchcase
+from typing import Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from agent.wire import ReplicaState
+from controlplane.policy.durations import Duration
+from controlplane.policy.policy import Guardrails, Policy
+from controlplane.policy.proposals import ProposedAction
+from controlplane.policy.snapshot import FleetSnapshot
+
+RecordStatus = Literal["proposed", "running", "succeeded", "failed", "shadow", "suppressed", "rejected"]
+# Records that took capacity (or tried to): they count for rate limits and the breaker.
+EXECUTED: frozenset[str] = frozenset({"running", "succeeded", "failed"})
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ActionRecord(_Frozen):
+    """One past decision the executor recorded, with its outcome so far."""
+
+    policy: str
+    kind: str
+    target: str  # Target.key
+    at: AwareDatetime
+    status: RecordStatus
+    replicas: list[str] = Field(default_factory=list)
+    model: str | None = None
+    disruptive: bool = True
+
+
+class GuardState(_Frozen):
+    records: list[ActionRecord] = Field(default_factory=list)
+    breaker_tripped_at: AwareDatetime | None = None
+    breaker_reason: str | None = None
+
+
+class BudgetRule(_Frozen):
+    min_ready: int = Field(default=1, ge=0)
+    min_ready_ratio: float = Field(default=0.5, ge=0, le=1)
+
+
+class GuardConfig(_Frozen):
+    """Fleet-wide guardrails (per-policy ones are in the policy's ``guardrails``)."""
+
+    budget: BudgetRule = Field(default_factory=BudgetRule)
+    # Per-model overrides, keyed by a glob over model names.
+    model_budgets: dict[str, BudgetRule] = Field(default_factory=dict)
+    rate_window: Duration = 3600.0
+    max_disruptive_per_window: int = Field(default=20, ge=0)
+    breaker_window: Duration = 3600.0
+    breaker_max_failures: int = Field(default=3, ge=1)
+    breaker_max_disrupted_replicas: int = Field(default=30, ge=1)
+
+    def budget_for(self, model: str) -> BudgetRule:
+        return next((r for pattern, r in self.model_budgets.items() if fnmatchcase(model, pattern)), self.budget)
+
+
+class Verdict(StrEnum):
+    ALLOWED = "allowed"
+    SUPPRESSED = "suppressed"
+    SHADOW = "shadow"
+    AWAITING_APPROVAL = "awaiting_approval"
+
+
+class Decision(_Frozen):
+    action: ProposedAction
+    verdict: Verdict
+    guardrail: str | None = None
+    reason: str = ""
+
+
+class GuardResult(_Frozen):
+    decisions: list[Decision]
+    # Set when the breaker trips in this evaluation; the executor stores it in the next GuardState and pages.
+    breaker_trip: str | None = None
+
+
+def breaker_check(state: GuardState, config: GuardConfig, now: datetime) -> str | None:
+    """Why automation must stop fleet-wide, or None: tripped earlier and not reset, or too much went wrong."""
+    if state.breaker_tripped_at is not None:
+        return f"tripped at {state.breaker_tripped_at.isoformat()}: {state.breaker_reason or 'no reason recorded'}"
+    since = now - timedelta(seconds=config.breaker_window)
+    recent = [r for r in state.records if r.at >= since]
+    failures = sum(1 for r in recent if r.status == "failed")
+    if failures >= config.breaker_max_failures:
+        return f"{failures} failed actions within {config.breaker_window:g}s (limit {config.breaker_max_failures})"
+    disrupted = {k for r in recent if r.status in EXECUTED and r.disruptive for k in r.replicas}
+    if len(disrupted) >= config.breaker_max_disrupted_replicas:
+        return (f"{len(disrupted)} replicas disrupted within {config.breaker_window:g}s "
+                f"(limit {config.breaker_max_disrupted_replicas})")
+    return None
+
+
+def cooldown_check(action: ProposedAction, guard: Guardrails, state: GuardState, batch: Sequence[ProposedAction],
+                   now: datetime) -> str | None:
+    """Suppress a repeat of (policy, target) within the policy's cooldown, or twice in one evaluation."""
+    key = action.target.key
+    if any(a.policy == action.policy and a.target.key == key and a.kind == action.kind for a in batch):
+        return f"already decided for {key} in this evaluation"
+    since = now - timedelta(seconds=guard.cooldown)
+    last = [r for r in state.records if r.policy == action.policy and r.target == key and r.at >= since
+            and r.status != "suppressed" and r.kind == action.kind]
+    if last:
+        return f"{action.policy} acted on {key} at {last[-1].at.isoformat()} ({last[-1].status}); cooldown " \
+               f"{guard.cooldown:g}s"
+    return None
+
+
+def policy_rate_check(action: ProposedAction, guard: Guardrails, state: GuardState,
+                      allowed: Sequence[ProposedAction], now: datetime) -> str | None:
+    if guard.max_disruptions_per_hour is None:
+        return None
+    since = now - timedelta(hours=1)
+    used = sum(1 for r in state.records if r.policy == action.policy and r.disruptive and r.status in EXECUTED
+               and r.at >= since) + sum(1 for a in allowed if a.policy == action.policy and a.disruptive)
+    if used >= guard.max_disruptions_per_hour:
+        return f"{action.policy} already disrupted {used} time(s) this hour (limit {guard.max_disruptions_per_hour})"
+    return None
+
+
+def global_rate_check(config: GuardConfig, state: GuardState, allowed: Sequence[ProposedAction],
+                      now: datetime) -> str | None:
+    since = now - timedelta(seconds=config.rate_window)
+    used = sum(1 for r in state.records if r.disruptive and r.status in EXECUTED and r.at >= since)
+    used += sum(1 for a in allowed if a.disruptive)
+    if used >= config.max_disruptive_per_window:
+        return (f"{used} disruptive actions within {config.rate_window:g}s "
+                f"(fleet limit {config.max_disruptive_per_window})")
+    return None
+
+
+def _stopped_at_once(action: ProposedAction) -> list[str]:
+    """Replicas the action takes down at the same time (model-wide actions go one batch at a time)."""
+    if action.target.kind == "model":
+        return action.replicas[: int(action.params.get("batch_size", 1))]
+    return list(action.replicas)
+
+
+def budget_check(action: ProposedAction, config: GuardConfig, state: GuardState, snapshot: FleetSnapshot,
+                 allowed: Sequence[ProposedAction]) -> str | None:
+    """Keep at least max(min_ready, ceil(ratio * replicas)) of the model READY, counting running actions.
+
+    A replica that is already not READY, or is wedged (a stall finding), gives no capacity to protect: restarting
+    it is always within budget, even for a model's only replica.
+    """
+    if not action.stops_replicas or action.model is None:
+        return None
+    members = snapshot.replicas_of_model(action.model)
+    rule = config.budget_for(action.model)
+    floor = max(rule.min_ready, math.ceil(rule.min_ready_ratio * len(members)))
+    busy = {k for r in state.records if r.status == "running" for k in r.replicas}
+    busy |= {k for a in allowed if a.stops_replicas for k in _stopped_at_once(a)}
+    wedged = {f.subject for f in action.findings if f.detector == "stall"}
+    available = {r.key for r in members if r.ready and r.state == ReplicaState.READY} - busy - wedged
+    after = available - set(_stopped_at_once(action))
+    if len(after) < floor and after != available:  # an action that takes no capacity away never breaks it
+        return (f"{action.model}: {len(after)} of {len(members)} replicas would stay READY, budget needs {floor} "
+                f"({len(available)} available now)")
+    return None
+
+
+def decide(actions: Sequence[ProposedAction], state: GuardState, snapshot: FleetSnapshot, now: datetime,
+           policies: Mapping[str, Policy], config: GuardConfig | None = None) -> GuardResult:
+    """One decision per proposed action, in order; allowed actions consume budgets for the ones after them."""
+    config = config or GuardConfig()
+    breaker = breaker_check(state, config, now)
+    tripped_now = breaker if breaker and state.breaker_tripped_at is None else None
+    decisions: list[Decision] = []
+    seen: list[ProposedAction] = []
+    allowed: list[ProposedAction] = []
+    for action in actions:
+        policy = policies.get(action.policy)
+        guard = policy.guardrails if policy else Guardrails()
+        checks: list[tuple[str, str | None]] = [("cooldown", cooldown_check(action, guard, state, seen, now))]
+        if action.disruptive:
+            checks = [("circuit_breaker", breaker), *checks,
+                      ("policy_rate_limit", policy_rate_check(action, guard, state, allowed, now)),
+                      ("rate_limit", global_rate_check(config, state, allowed, now)),
+                      ("disruption_budget", budget_check(action, config, state, snapshot, allowed))]
+        seen.append(action)
+        blocked = next(((name, why) for name, why in checks if why is not None), None)
+        if blocked is not None:
+            decisions.append(Decision(action=action, verdict=Verdict.SUPPRESSED, guardrail=blocked[0],
+                                      reason=blocked[1] or ""))
+        elif guard.dry_run:
+            decisions.append(Decision(action=action, verdict=Verdict.SHADOW, guardrail="dry_run",
+                                      reason="policy runs in dry-run: recorded, not applied"))
+        elif guard.require_approval and action.disruptive:
+            decisions.append(Decision(action=action, verdict=Verdict.AWAITING_APPROVAL, guardrail="approval",
+                                      reason="policy requires approval: proposed, waiting for an operator"))
+        else:
+            allowed.append(action)
+            decisions.append(Decision(action=action, verdict=Verdict.ALLOWED))
+    return GuardResult(decisions=decisions, breaker_trip=tripped_now)
+
+
+_STATUS_OF: dict[Verdict, RecordStatus] = {
+    Verdict.ALLOWED: "running", Verdict.SUPPRESSED: "suppressed", Verdict.SHADOW: "shadow",
+    Verdict.AWAITING_APPROVAL: "proposed",
+}
+
+
+def record(decision: Decision, now: datetime) -> ActionRecord:
+    """The record the executor stores for a decision (before applying it; it updates the status after)."""
+    status = _STATUS_OF[decision.verdict]
+    a = decision.action
+    return ActionRecord(policy=a.policy, kind=a.kind, target=a.target.key, at=now, status=status,
+                        replicas=list(a.replicas), model=a.model, disruptive=a.disruptive)

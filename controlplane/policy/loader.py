@@ -1,0 +1,168 @@
+"""Loading policy files: YAML validated by pydantic, each error naming the file, the line and the field.
+
+``yaml.compose`` keeps the node tree with its marks, so a pydantic error location (``("condition", "for")``)
+is walked down the tree to the line that holds the bad value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from controlplane.policy.policy import Policy
+
+DEFAULTS_DIR = Path(__file__).with_name("defaults")
+
+
+@dataclass(frozen=True)
+class PolicyError:
+    file: str
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.field}: " if self.field else ""
+        return f"{self.file}:{self.line}: {where}{self.message}"
+
+
+class PolicyLoadError(Exception):
+    """One or more policy files are invalid; ``errors`` holds every problem found."""
+
+    def __init__(self, errors: Sequence[PolicyError]) -> None:
+        super().__init__("\n".join(str(e) for e in errors))
+        self.errors = list(errors)
+
+
+def _child(node: yaml.Node, key: str | int) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value == str(key):
+                return v
+    elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and 0 <= key < len(node.value):
+        child: yaml.Node = node.value[key]
+        return child
+    return None
+
+
+def _union_tag(node: yaml.Node) -> str | None:
+    """The tag pydantic would give this mapping as a condition or action: its detector or kind."""
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    keys = {k.value: v for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+    for key in ("detector", "kind"):
+        value = keys.get(key)
+        if isinstance(value, yaml.ScalarNode):
+            return str(value.value)
+    return "threshold" if "signal" in keys else None
+
+
+def locate(root: yaml.Node, loc: Sequence[str | int]) -> tuple[int, str]:
+    """The 1-based line for a pydantic error location, and the location as a dotted field name.
+
+    Location parts that are not in the document (union tags pydantic inserts, a missing field) are skipped
+    for the line, which then points at the nearest enclosing node that exists.
+    """
+    node, fields = root, []
+    for i, part in enumerate(loc):
+        if i < len(loc) - 1 and part == _union_tag(node):
+            continue  # the tag pydantic adds after a discriminated union, not a key of the document
+        found = _child(node, part)
+        if found is not None:
+            node = found
+            fields.append(str(part) if isinstance(part, str) else f"[{part}]")
+        elif not isinstance(node, yaml.MappingNode) or isinstance(part, int):
+            continue
+        elif part == loc[-1]:
+            fields.append(str(part))  # a missing or unknown field: name it, point at its parent
+    return node.start_mark.line + 1, ".".join(fields).replace(".[", "[")
+
+
+def _message(error: dict[str, object]) -> str:
+    msg = str(error["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        msg = msg.removeprefix(prefix)
+    if error["type"] == "string_type" and isinstance(error.get("input"), bool):
+        msg += " (YAML reads yes/no/on/off as booleans: quote the value)"
+    if error["type"] == "literal_error" or error["type"] == "enum":
+        msg += f" (got {error.get('input')!r})"
+    return msg
+
+
+def parse_policies(text: str, file: str) -> list[Policy]:
+    """Policies in one YAML document: a mapping (one policy) or a list of them."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else 1
+        raise PolicyLoadError([PolicyError(file, line, "", f"invalid YAML: {exc.problem}")]) from exc
+    if root is None:
+        raise PolicyLoadError([PolicyError(file, 1, "", "empty file: expected a policy or a list of policies")])
+    data = yaml.safe_load(text)
+    items = data if isinstance(data, list) else [data]
+    item_nodes = root.value if isinstance(root, yaml.SequenceNode) else [root]
+    errors: list[PolicyError] = []
+    policies: list[Policy] = []
+    for item, node in zip(items, item_nodes, strict=True):
+        if not isinstance(item, dict):
+            errors.append(PolicyError(file, node.start_mark.line + 1, "", "expected a mapping with name, "
+                                      "condition and action"))
+            continue
+        try:
+            policies.append(Policy.model_validate(item))
+        except ValidationError as exc:
+            for err in exc.errors():
+                line, field = locate(node, err["loc"])
+                errors.append(PolicyError(file, line, field, _message(dict(err))))
+    if errors:
+        raise PolicyLoadError(errors)
+    return policies
+
+
+def load_files(paths: Iterable[Path]) -> list[Policy]:
+    """Every policy in ``paths``, checking them all before failing; names must be unique across files."""
+    errors: list[PolicyError] = []
+    policies: list[Policy] = []
+    seen: dict[str, str] = {}
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            errors.append(PolicyError(str(path), 0, "", f"cannot read: {exc.strerror}"))
+            continue
+        try:
+            loaded = parse_policies(text, str(path))
+        except PolicyLoadError as exc:
+            errors.extend(exc.errors)
+            continue
+        for policy in loaded:
+            if policy.name in seen:
+                line = _name_line(text, policy.name)
+                errors.append(PolicyError(str(path), line, "name",
+                                          f"duplicate policy name {policy.name!r} (also in {seen[policy.name]})"))
+            seen[policy.name] = str(path)
+            policies.append(policy)
+    if errors:
+        raise PolicyLoadError(errors)
+    return policies
+
+
+def _name_line(text: str, name: str) -> int:
+    for i, line in enumerate(text.splitlines(), start=1):
+        if line.strip().lstrip("- ").startswith("name:") and name in line:
+            return i
+    return 1
+
+
+def policy_files(directory: Path) -> list[Path]:
+    """The policy files of a directory, sorted, so evaluation order is stable."""
+    return sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
+
+
+def load_directory(directory: Path = DEFAULTS_DIR) -> list[Policy]:
+    """Every policy in a directory (the shipped defaults when none is given)."""
+    return load_files(policy_files(directory))

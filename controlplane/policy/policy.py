@@ -1,0 +1,72 @@
+"""A remediation policy: where it applies, when it fires, what it does and which guardrails hold it back."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from controlplane.policy.actions import Action, LowerMaxNumSeqsAction, Severity
+from controlplane.policy.conditions import Condition, ThresholdCondition
+from controlplane.policy.durations import Duration
+from controlplane.policy.snapshot import Replica
+
+POLICY_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Scope(_Spec):
+    """Selectors; glob patterns for models and nodes, exact values for labels. Empty selects everything."""
+
+    models: list[str] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    def matches_node(self, node: str) -> bool:
+        return not self.nodes or any(fnmatchcase(node, p) for p in self.nodes)
+
+    def matches(self, replica: Replica) -> bool:
+        return (
+            self.matches_node(replica.node)
+            and (not self.models or any(fnmatchcase(replica.model, p) for p in self.models))
+            and all(replica.labels.get(k) == v for k, v in self.labels.items())
+        )
+
+
+class Guardrails(_Spec):
+    """Per-policy guardrails; the fleet-wide ones live in ``guardrails.GuardConfig``."""
+
+    cooldown: Duration = Field(default=600.0, ge=0)
+    dry_run: bool = False
+    require_approval: bool = False
+    max_disruptions_per_hour: int | None = Field(default=None, ge=0)
+
+
+class Notify(_Spec):
+    """Also raise an alert, carrying the evidence, whenever the policy's action is proposed."""
+
+    severity: Severity = "page"
+
+
+class Policy(_Spec):
+    name: str = Field(pattern=POLICY_NAME)
+    description: str = ""
+    runbook_url: str | None = None
+    enabled: bool = True
+    scope: Scope = Field(default_factory=Scope)
+    condition: Condition
+    action: Action
+    notify: Notify | None = None
+    guardrails: Guardrails = Field(default_factory=Guardrails)
+
+    @model_validator(mode="after")
+    def _governor_needs_an_upper_bound(self) -> Policy:
+        # The governor lowers max-num-seqs when a latency-like signal is too HIGH; any other pairing is a typo.
+        if isinstance(self.action, LowerMaxNumSeqsAction) and not (
+            isinstance(self.condition, ThresholdCondition) and self.condition.op in (">", ">=")
+        ):
+            raise ValueError("action lower_max_num_seqs needs a threshold condition with op '>' or '>='")
+        return self

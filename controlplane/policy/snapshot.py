@@ -1,0 +1,165 @@
+"""The fleet as the policy engine sees it: an immutable value built by the control plane from its store.
+
+Times are timezone-aware (naive ones are rejected, so comparisons never mix the two). Field names mirror
+``agent.wire`` (EngineSample, ProcessSample, ReplicaStatus, GpuSample) so the store can
+copy them across without a mapping table. Histories are time-ordered, oldest first; the engine never reads a
+clock, it is handed ``now``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from agent.wire import ReplicaState, ReplicaStatus
+from controlplane.policy.engine_args import get_int_flag
+
+# Replica states in which an engine is expected to serve; detectors of serving problems look only at these.
+SERVING_STATES = frozenset({ReplicaState.READY, ReplicaState.ATTACHED})
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReplicaSample(_Frozen):
+    """One reading of one replica: engine figures, process-tree figures and the canary, at one instant."""
+
+    at: AwareDatetime
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    kv_cache_usage_ratio: float | None = None
+    preemptions_total: float | None = None
+    generation_tokens_total: float | None = None
+    generation_tokens_per_second: float | None = None
+    requests_per_second: float | None = None
+    errors_per_second: float | None = None
+    ttft_p50_seconds: float | None = None
+    ttft_p95_seconds: float | None = None
+    ttft_p99_seconds: float | None = None
+    itl_p50_seconds: float | None = None
+    itl_p95_seconds: float | None = None
+    itl_p99_seconds: float | None = None
+    e2e_p99_seconds: float | None = None
+    rss_bytes: int | None = None
+    gpu_memory_bytes: int | None = None
+    canary_ok: bool | None = None
+    canary_ttft_seconds: float | None = None
+    # The --max-num-seqs the engine ran with when this was read; lets the governor remember which values
+    # broke the SLO without any state of its own.
+    max_num_seqs: int | None = None
+
+
+# Numeric sample fields a threshold condition may name.
+Signal = Literal[
+    "requests_running", "requests_waiting", "kv_cache_usage_ratio", "preemptions_total",
+    "generation_tokens_per_second", "requests_per_second", "errors_per_second",
+    "ttft_p50_seconds", "ttft_p95_seconds", "ttft_p99_seconds", "itl_p50_seconds", "itl_p95_seconds",
+    "itl_p99_seconds", "e2e_p99_seconds", "rss_bytes", "gpu_memory_bytes", "canary_ttft_seconds",
+]
+
+
+class Replica(_Frozen):
+    node: str
+    name: str
+    model: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: list[int] = Field(default_factory=list)
+    state: ReplicaState
+    ready: bool
+    # False for an attached engine Pitstop did not start: it can watch it, not restart it.
+    managed: bool = True
+    state_since: datetime | None = None
+    engine_args: list[str] = Field(default_factory=list)
+    generation: int = 0
+    restarts_total: int = 0
+    last_exit_code: int | None = None
+    log_tail: list[str] = Field(default_factory=list)
+    history: list[ReplicaSample] = Field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """Fleet-unique name, ``node/replica``."""
+        return f"{self.node}/{self.name}"
+
+    @property
+    def max_num_seqs(self) -> int | None:
+        """``--max-num-seqs`` from the engine arguments, None when the engine runs vLLM's default."""
+        return get_int_flag(self.engine_args, "--max-num-seqs")
+
+    @property
+    def serving(self) -> bool:
+        return self.state in SERVING_STATES
+
+
+class GpuReading(_Frozen):
+    at: AwareDatetime
+    temperature_celsius: float | None = None
+    memory_used_bytes: int | None = None
+    xid_events_total: int | None = None
+    throttle_reasons: list[str] = Field(default_factory=list)
+
+
+class Gpu(_Frozen):
+    node: str
+    index: int
+    uuid: str = ""
+    name: str = ""
+    slowdown_temperature_celsius: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    throttle_reasons: list[str] = Field(default_factory=list)
+    xid_events_total: int = 0
+    last_xid: int | None = None
+    history: list[GpuReading] = Field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.node}/{self.index}"
+
+
+class Node(_Frozen):
+    name: str
+    cordoned: bool = False
+    memory_total_bytes: int | None = None
+    last_report_at: AwareDatetime | None = None
+
+
+class FleetSnapshot(_Frozen):
+    now: AwareDatetime
+    nodes: list[Node] = Field(default_factory=list)
+    gpus: list[Gpu] = Field(default_factory=list)
+    replicas: list[Replica] = Field(default_factory=list)
+
+    def node(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def gpus_of(self, replica: Replica) -> list[Gpu]:
+        """The GPUs a replica runs on (same node, listed indices)."""
+        return [g for g in self.gpus if g.node == replica.node and g.index in replica.gpus]
+
+    def replicas_on(self, node: str, gpu_index: int | None = None) -> list[Replica]:
+        """Replicas of a node, or of one GPU of it."""
+        return [r for r in self.replicas if r.node == node and (gpu_index is None or gpu_index in r.gpus)]
+
+    def replicas_of_model(self, model: str) -> list[Replica]:
+        return [r for r in self.replicas if r.model == model]
+
+
+def sample_from_status(at: datetime, status: ReplicaStatus) -> ReplicaSample:
+    """One history sample from a replica's status in an agent report (what the store keeps per report)."""
+    engine = status.engine.model_dump(exclude={"prefix_cache_hit_ratio", "stalled", "scrape_error",
+                                               "prompt_tokens_per_second"}) if status.engine else {}
+    process = status.process
+    return ReplicaSample(
+        at=at,
+        **engine,
+        rss_bytes=process.rss_bytes if process else None,
+        gpu_memory_bytes=process.gpu_memory_bytes if process else None,
+        canary_ok=status.canary_ok,
+        canary_ttft_seconds=status.canary_ttft_seconds,
+        max_num_seqs=get_int_flag(status.engine_args, "--max-num-seqs"),
+    )
+

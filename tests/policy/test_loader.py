@@ -1,0 +1,108 @@
+from pathlib import Path
+
+import pytest
+
+from controlplane.policy.actions import LowerMaxNumSeqsAction
+from controlplane.policy.conditions import ThresholdCondition
+from controlplane.policy.durations import parse_duration
+from controlplane.policy.loader import DEFAULTS_DIR, PolicyLoadError, load_directory, load_files
+
+REPO = Path(__file__).resolve().parents[2]
+
+BROKEN = """\
+name: ttft-slo
+scope:
+  models: ["llama-*"]
+condition:
+  signal: ttft_p99_seconds
+  op: ">"
+  threshold: 0.5
+  for: 5 minutes
+action:
+  kind: lower_max_num_seqs
+  factr: 0.5
+guardrails:
+  cooldown: 10m
+"""
+
+
+def errors_of(tmp_path: Path, text: str, name: str = "policy.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(PolicyLoadError) as info:
+        load_files([path])
+    return path, info.value.errors
+
+
+def test_errors_name_the_file_the_line_and_the_field(tmp_path):
+    path, errors = errors_of(tmp_path, BROKEN)
+    assert [(e.file, e.line, e.field) for e in errors] == [
+        (str(path), 8, "condition.for"), (str(path), 11, "action.factr")]
+    assert "5 minutes" in errors[0].message and "60s, 5m, 1h" in errors[0].message
+    assert str(errors[1]) == f"{path}:11: action.factr: Extra inputs are not permitted"
+
+
+def test_unknown_detector_and_bad_enum_point_at_their_lines(tmp_path):
+    text = "- name: a\n  condition:\n    detector: leek\n  action: {kind: alert}\n" \
+           "- name: b\n  condition: {detector: crash_loop}\n  action:\n    kind: alert\n    severity: pag\n"
+    _, errors = errors_of(tmp_path, text)
+    assert [(e.line, e.field) for e in errors] == [(3, "condition"), (9, "action.severity")]
+    assert "unknown detector" in errors[0].message and "'pag'" in errors[1].message
+
+
+def test_missing_field_names_it_at_its_parent(tmp_path):
+    _, errors = errors_of(tmp_path, "name: x\ncondition:\n  detector: leak\naction: {kind: alert}\n")
+    assert [(e.line, e.field) for e in errors] == [(3, "condition.resource")]
+
+
+def test_yaml_syntax_error_gives_its_line(tmp_path):
+    _, errors = errors_of(tmp_path, "name: x\ncondition: {detector: stall\naction: {kind: alert}\n")
+    assert errors[0].line >= 2 and "invalid YAML" in errors[0].message
+
+
+def test_governor_needs_a_latency_upper_bound(tmp_path):
+    text = ("name: x\ncondition: {signal: requests_per_second, op: '<', threshold: 1, for: 1m}\n"
+            "action: {kind: lower_max_num_seqs}\n")
+    _, errors = errors_of(tmp_path, text)
+    assert "needs a threshold condition with op '>'" in errors[0].message
+
+
+def test_duplicate_names_across_files(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    for p in (a, b):
+        p.write_text("name: same\ncondition: {detector: crash_loop}\naction: {kind: alert}\n")
+    with pytest.raises(PolicyLoadError) as info:
+        load_files([a, b])
+    assert info.value.errors[0].file == str(b) and "duplicate" in info.value.errors[0].message
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("60s", 60), ("5m", 300), ("1h", 3600), ("1h30m", 5400), (90, 90),
+                                               ("250ms", 0.25)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["5 minutes", "m", "", "-5s", True, -3])
+def test_bad_durations(bad):
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_default_policy_set_loads_and_each_has_a_runbook():
+    policies = load_directory()
+    names = {p.name for p in policies}
+    assert {"ttft-slo", "itl-slo", "error-rate", "stall", "rss-leak", "gpu-memory-leak", "thermal",
+            "thermal-sustained", "xid-hardware", "xid-application", "crash-loop", "oom-crash"} <= names
+    for p in policies:
+        assert p.runbook_url == f"runbooks/{p.name}.md"
+        assert (REPO / p.runbook_url).is_file(), p.runbook_url
+    index = (REPO / "runbooks" / "README.md").read_text()
+    assert all(f"({p.name}.md)" in index for p in policies)
+    assert len(list(DEFAULTS_DIR.glob("*.yaml"))) == len(policies)
+
+
+def test_default_ttft_slo_is_the_governor_the_brief_describes():
+    ttft = next(p for p in load_directory() if p.name == "ttft-slo")
+    assert isinstance(ttft.condition, ThresholdCondition) and ttft.condition.threshold == 0.5
+    assert ttft.condition.for_ == 60
+    assert isinstance(ttft.action, LowerMaxNumSeqsAction) and ttft.action.canary and ttft.action.raise_ is not None

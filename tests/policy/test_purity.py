@@ -1,0 +1,14 @@
+"""The policy engine is pure: importing all of it pulls in no network, database, web or hardware library."""
+
+import subprocess
+import sys
+
+IO_MODULES = ("httpx", "sqlalchemy", "fastapi", "uvicorn", "starlette", "psutil", "pynvml", "psycopg", "streamlit",
+              "apscheduler")
+
+
+def test_policy_package_imports_no_io_library():
+    code = ("import sys, controlplane.policy, controlplane.policy.cli; "
+            f"print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in {IO_MODULES!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == ""

@@ -1,0 +1,37 @@
+from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus
+from controlplane.policy.engine_args import get_int_flag, set_flag
+from controlplane.policy.snapshot import ReplicaSample, sample_from_status
+from tests.policy.series import at, replica
+
+
+def test_flags_are_read_in_both_spellings_and_rewritten_once():
+    assert get_int_flag(["--max-num-seqs", "64"], "--max-num-seqs") == 64
+    assert get_int_flag(["--max-num-seqs=32", "--port", "8000"], "--max-num-seqs") == 32
+    assert get_int_flag(["--max-num-seqs", "64", "--max-num-seqs=16"], "--max-num-seqs") == 16  # last wins
+    assert get_int_flag(["--max-num-seqs"], "--max-num-seqs") is None
+    assert set_flag(["--model", "m", "--max-num-seqs=64", "--max-num-seqs", "8", "--port", "1"], "--max-num-seqs",
+                    "32") == ["--model", "m", "--port", "1", "--max-num-seqs", "32"]
+
+
+def test_replica_knows_its_max_num_seqs():
+    assert replica(args=["--max-num-seqs", "48"]).max_num_seqs == 48
+    assert replica(args=[]).max_num_seqs is None
+
+
+def test_history_samples_mirror_the_wire_field_names():
+    # Every engine and process figure an agent reports has a home in the policy engine's samples, so the
+    # store copies across without a mapping table. Fields that are not time series are listed here.
+    not_series = {"prefix_cache_hit_ratio", "stalled", "scrape_error", "prompt_tokens_per_second"}
+    wire = set(EngineSample.model_fields) - not_series
+    wire |= {"rss_bytes", "gpu_memory_bytes"} & set(ProcessSample.model_fields)
+    assert wire <= set(ReplicaSample.model_fields)
+
+
+def test_sample_from_a_reported_status():
+    status = ReplicaStatus(name="r1", model="m", url="http://127.0.0.1:8000", state=ReplicaState.READY, ready=True,
+                           state_since=at(0), engine_args=["--max-num-seqs", "96"],
+                           engine=EngineSample(ttft_p99_seconds=0.42, generation_tokens_total=1e6),
+                           process=ProcessSample(rss_bytes=123, gpu_memory_bytes=456), canary_ok=False)
+    sample = sample_from_status(at(10), status)
+    assert (sample.ttft_p99_seconds, sample.generation_tokens_total) == (0.42, 1e6)
+    assert (sample.rss_bytes, sample.gpu_memory_bytes, sample.canary_ok, sample.max_num_seqs) == (123, 456, False, 96)
