@@ -25,6 +25,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from controlplane.console.client import ENV_TOKEN as CONSOLE_TOKEN_ENV
+
 DEFAULT_PORTS = {"api": 8000, "agent": 9400, "console": 8501, "replica": 8101}
 
 
@@ -161,9 +163,10 @@ def main(argv: Sequence[str]) -> int:
     replica_urls = [f"http://127.0.0.1:{p}" for p in replica_ports]
 
     agent_token = secrets.token_urlsafe(24)
+    operator_token = secrets.token_urlsafe(24)
     server_cfg = demo_dir / "server.yaml"
     agent_cfg = demo_dir / "agent.yaml"
-    server_cfg.write_text(yaml.safe_dump(server_config(state, api_port, agent_token), sort_keys=False))
+    server_cfg.write_text(yaml.safe_dump(server_config(state, api_port, agent_token, operator_token), sort_keys=False))
     agent_cfg.write_text(
         yaml.safe_dump(agent_config(state, agent_port, api_url, agent_token, args.model, replica_ports),
                        sort_keys=False)
@@ -172,16 +175,23 @@ def main(argv: Sequence[str]) -> int:
     os.chmod(agent_cfg, 0o600)
 
     exe = [sys.executable, "-m", "pitstop.cli"]
-    server = Child("control plane", [*exe, "server", "--config", str(server_cfg)], logs / "server.log")
-    agent = Child("agent", [*exe, "agent", "--config", str(agent_cfg)], logs / "agent.log")
+    # Every process of the demo, engines included, carries this mark in its environment: easy to find.
+    mark = {"PITSTOP_DEMO_STATE": str(state)}
+    server = Child("control plane", [*exe, "server", "--config", str(server_cfg)], logs / "server.log", mark)
+    agent = Child("agent", [*exe, "agent", "--config", str(agent_cfg)], logs / "agent.log", mark)
+    # The console reads the API with the operator token, handed over by environment (never on a command line).
     console = Child(
-        "console", [*exe, "console", "--api-url", api_url, "--port", str(console_port)], logs / "console.log"
+        "console",
+        [*exe, "console", "--api-url", api_url, "--port", str(console_port)],
+        logs / "console.log",
+        {**mark, CONSOLE_TOKEN_ENV: operator_token},
     )
     load = Child(
         "load",
         [*exe, "sim", "load", *replica_urls, "--model", args.model, "--concurrency", str(args.concurrency),
          "--duration", "0", "--rate", "2"],
         logs / "load.log",
+        mark,
     )
     started: list[Child] = []
 
@@ -217,6 +227,7 @@ def main(argv: Sequence[str]) -> int:
             "agent_metrics": f"{agent_url}/metrics",
             "replicas": replica_urls,
             "agent_token": agent_token,
+            "operator_token": operator_token,
             "logs": str(logs),
         }
         (state / "demo.json").write_text(json.dumps(urls, indent=2) + "\n")
@@ -249,16 +260,17 @@ def print_banner(urls: Mapping[str, object], replica_urls: list[str]) -> None:
     print(f"  agent /metrics   {urls['agent_metrics']}")
     for url in replica_urls:
         print(f"  replica          {url}   (vLLM API, /metrics)")
-    print("  URLs and the demo's agent token are in .pitstop/demo.json. Ctrl-C stops everything.")
+    print("  URLs and the demo's tokens (agent, operator) are in .pitstop/demo.json. Ctrl-C stops everything.")
     print(flush=True)
 
 
-def server_config(state: Path, port: int, agent_token: str) -> dict[str, object]:
+def server_config(state: Path, port: int, agent_token: str, operator_token: str) -> dict[str, object]:
     return {
         "host": "127.0.0.1",
         "port": port,
         "database_url": f"sqlite:///{state / 'pitstop.db'}",
         "agent_tokens": [agent_token],
+        "operator_tokens": [operator_token],
     }
 
 
@@ -269,7 +281,7 @@ def agent_config(
         "node": "demo-node-1",
         "host": "127.0.0.1",
         "port": port,
-        "control_plane_url": api_url,
+        "control_plane": api_url,
         "token": token,
         "report_interval": 2.0,
         "gpu_backend": "sim",

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite starts as real components, only when they are missing.
-# The list grows with the suite; each entry is "command-to-check package".
+# Each entry is "check package": the check is a command name or a glob of an executable path.
 set -euo pipefail
 
 needed=(
-    "chromium chromium"
+    "chromium chromium"                                  # the console's end-to-end test
+    "/usr/lib/postgresql/*/bin/pg_ctl postgresql"        # the store on PostgreSQL
 )
+
+have() {
+    local check=$1 path
+    command -v "$check" >/dev/null 2>&1 && return 0
+    for path in $check; do [ -x "$path" ] && return 0; done
+    return 1
+}
 
 missing=()
 for entry in "${needed[@]}"; do
-    cmd=${entry%% *}
-    pkg=${entry##* }
-    command -v "$cmd" >/dev/null 2>&1 || [ -x "$cmd" ] || missing+=("$pkg")
+    entry=${entry%%#*}
+    read -r check pkg <<<"$entry"
+    have "$check" || missing+=("$pkg")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 

@@ -45,7 +45,8 @@ def test_demo_serves_three_ready_replicas_with_moving_numbers_then_stops_everyth
             assert urls[key], key
 
         assert http_ok(f"{urls['console']}/_stcore/health")
-        replicas = httpx.get(f"{urls['api']}/v1/replicas", timeout=3).json()
+        auth = {"Authorization": f"Bearer {urls['operator_token']}"}
+        replicas = httpx.get(f"{urls['api']}/v1/replicas", headers=auth, timeout=3).json()
         assert len(replicas) == 3
         assert all(r["state"] == "READY" for r in replicas), replicas
 

@@ -1,0 +1,116 @@
+"""``POST /v1/agents/{node}/report``: the agent's report in, the node's desired state out.
+
+The body is read by hand (not by a FastAPI body parameter) so that an oversized report is refused with 413
+before it is buffered whole, and an unsupported protocol version is named before field validation fails on
+fields this control plane does not know.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request, status
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from agent.wire import PROTOCOL_VERSION, DesiredState, NodeReport
+from controlplane.api.context import AppContext, get_context
+from controlplane.fleet.ingest import apply_report, desired_state
+from controlplane.fleet.sequencing import Verdict
+from controlplane.store.db import session_scope
+
+SUPPORTED_PROTOCOL_VERSIONS = frozenset({PROTOCOL_VERSION})
+
+router = APIRouter(tags=["agents"])
+
+
+class Rejected(HTTPException):
+    def __init__(self, code: int, reason: str, detail: Any) -> None:
+        super().__init__(code, detail)
+        self.reason = reason
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise Rejected(status.HTTP_413_CONTENT_TOO_LARGE, "too_large", f"report larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise Rejected(status.HTTP_413_CONTENT_TOO_LARGE, "too_large", f"report larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse(body: bytes, node: str) -> NodeReport:
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise Rejected(422, "malformed", f"body is not JSON: {exc}") from exc
+    if isinstance(data, dict) and "protocol_version" in data:
+        version = data["protocol_version"]
+        if version not in SUPPORTED_PROTOCOL_VERSIONS:
+            supported = ", ".join(str(v) for v in sorted(SUPPORTED_PROTOCOL_VERSIONS))
+            raise Rejected(status.HTTP_400_BAD_REQUEST, "protocol_version",
+                           f"unsupported protocol_version {version!r}; this control plane speaks {supported}")
+    try:
+        report = NodeReport.model_validate(data)
+    except ValidationError as exc:
+        raise Rejected(422, "malformed", json.loads(exc.json(include_url=False, include_input=False))) from exc
+    for what, keys in (("replica name", [r.name for r in report.replicas]),
+                       ("GPU index", [str(g.index) for g in report.gpus])):
+        repeated = sorted({k for k in keys if keys.count(k) > 1})
+        if repeated:
+            raise Rejected(422, "malformed", f"{what} repeated in one report: {', '.join(repeated)}")
+    if report.node != node:
+        raise Rejected(status.HTTP_400_BAD_REQUEST, "node_mismatch",
+                       f"report for node {report.node!r} posted to the path of node {node!r}")
+    return report
+
+
+def _store(ctx: AppContext, report: NodeReport) -> tuple[Verdict, DesiredState]:
+    with session_scope(ctx.sessions) as session:
+        verdict = apply_report(session=session, report=report, now=ctx.clock())
+        answer = desired_state(session=session, node=report.node,
+                               report_interval_seconds=ctx.config.report_interval_seconds)
+    return verdict, answer
+
+
+@router.post(
+    "/v1/agents/{node}/report",
+    response_model=DesiredState,
+    summary="Accept a node's report; answer its desired state",
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/NodeReport"}}}}},
+    responses={400: {"description": "wrong node in path, or unsupported protocol version"},
+               401: {"description": "agent token missing"}, 403: {"description": "agent token wrong"},
+               413: {"description": "report too large"}, 422: {"description": "malformed report"}},
+)
+async def post_report(node: str, request: Request) -> DesiredState:
+    ctx = get_context(request)
+    try:
+        ctx.agent_auth.require(request)
+        body = await _read_body(request, ctx.config.max_report_bytes)
+        report = _parse(body, node)
+    except Rejected as exc:
+        ctx.telemetry.reject(exc.reason)
+        raise
+    except HTTPException as exc:
+        ctx.telemetry.reject("unauthorized" if exc.status_code == 401 else "forbidden")
+        raise
+    verdict, answer = await run_in_threadpool(_store, ctx, report)
+    ctx.telemetry.reports_received.labels(outcome=verdict.value).inc()
+    return answer
+
+
+def register_schemas(openapi: dict[str, Any]) -> dict[str, Any]:
+    """Add ``NodeReport`` to the OpenAPI components, since the route reads its body by hand."""
+    schema = NodeReport.model_json_schema(ref_template="#/components/schemas/{model}")
+    defs = schema.pop("$defs", {})
+    components = openapi.setdefault("components", {}).setdefault("schemas", {})
+    components.update(defs)
+    components["NodeReport"] = schema
+    return openapi

@@ -1,0 +1,116 @@
+"""Control-plane settings: defaults, then a YAML file, then ``PITSTOP_SERVER_*`` environment variables.
+
+Every setting has a sane default so ``pitstop server`` runs with no file at all. Errors name the file and the
+field, because the person reading them is an operator editing YAML at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+ENV_PREFIX = "PITSTOP_SERVER_"
+DEFAULT_DATABASE_URL = "sqlite:///.pitstop/pitstop.db"
+
+
+class ConfigError(ValueError):
+    """A configuration file or variable that cannot be used; the message names where and what."""
+
+
+class ServerConfig(BaseModel):
+    """Everything ``create_app`` and ``pitstop server`` need to know."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    # sqlite:///relative/path.db, sqlite:////absolute/path.db, or postgresql+psycopg://user@host/db
+    database_url: str = DEFAULT_DATABASE_URL
+    # Reports must carry ``Authorization: Bearer <one of these>`` when the list is not empty.
+    agent_tokens: list[SecretStr] = Field(default_factory=list)
+    # Read endpoints need one of these (operator tokens also read) when either list is not empty.
+    operator_tokens: list[SecretStr] = Field(default_factory=list)
+    viewer_tokens: list[SecretStr] = Field(default_factory=list)
+    # A node whose last report is older than this reads as ``stale``.
+    stale_after_seconds: float = Field(default=30.0, gt=0)
+    # Samples at full resolution for this long, then one-minute averages until ``sample_retention_seconds``.
+    sample_full_resolution_seconds: float = Field(default=3600.0, gt=0)
+    sample_retention_seconds: float = Field(default=7 * 86400.0, gt=0)
+    retention_interval_seconds: float = Field(default=300.0, gt=0)
+    # Reports larger than this are refused with 413 before they are parsed.
+    max_report_bytes: int = Field(default=1024 * 1024, gt=0)
+    # Tells agents how often to report; None leaves it to the agent's own setting.
+    report_interval_seconds: float | None = Field(default=None, gt=0)
+    events_limit: int = Field(default=200, gt=0, le=10_000)
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if not (value.startswith("sqlite") or value.startswith("postgresql")):
+            raise ValueError("must start with sqlite:// or postgresql+psycopg://")
+        return value
+
+    @field_validator("agent_tokens", "operator_tokens", "viewer_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: Any) -> Any:
+        # Environment variables carry lists as comma-separated text.
+        if isinstance(value, str):
+            return [t.strip() for t in value.split(",") if t.strip()]
+        return value
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, str]:
+    fields = set(ServerConfig.model_fields)
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        if key.startswith(ENV_PREFIX):
+            name = key[len(ENV_PREFIX):].lower()
+            if name in fields:
+                out[name] = value
+    return out
+
+
+def _describe(exc: ValidationError, origin: str) -> str:
+    problems = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        problems.append(f"{origin}: field {field!r}: {err['msg']}")
+    return "\n".join(problems)
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> ServerConfig:
+    """Defaults, overlaid by the YAML file at ``path`` (if any), overlaid by ``PITSTOP_SERVER_*`` variables."""
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    origin = "defaults"
+    if path is not None:
+        origin = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+        data.update(loaded)
+    overrides = _env_overrides(env)
+    try:
+        ServerConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, origin)) from exc
+    data.update(overrides)
+    try:
+        return ServerConfig.model_validate(data)
+    except ValidationError as exc:
+        names = ", ".join(ENV_PREFIX + k.upper() for k in overrides)
+        raise ConfigError(_describe(exc, f"environment ({names})" if names else origin)) from exc

@@ -1,0 +1,217 @@
+"""API JSON → console tables. Pure: no Streamlit, no HTTP, so every column is unit-testable.
+
+Each ``*_rows`` function returns a list of flat dicts whose keys are the column headers the page shows, in
+order; missing readings become ``None`` (shown blank), never a made-up zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+Json = Mapping[str, Any]
+GIB = 1024**3
+MIB = 1024**2
+
+
+def _ms(seconds: Any) -> float | None:
+    return None if seconds is None else round(float(seconds) * 1000.0, 1)
+
+
+def _pct(ratio: Any) -> float | None:
+    return None if ratio is None else round(float(ratio) * 100.0, 1)
+
+
+def _scaled(value: Any, unit: int, digits: int = 1) -> float | None:
+    return None if value is None else round(float(value) / unit, digits)
+
+
+def _yes_no(flag: Any) -> str:
+    return "" if flag is None else ("yes" if flag else "no")
+
+
+def _parse_time(value: Any) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(str(value))
+
+
+def age_text(seconds: float | None) -> str:
+    """Compact age for a table cell: 4s, 3m 20s, 2h 5m, 3d 4h."""
+    if seconds is None:
+        return ""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def node_rows(nodes: Sequence[Json]) -> list[dict[str, Any]]:
+    return [
+        {
+            "node": n["name"],
+            "status": n["status"],
+            "last report": age_text(n.get("last_report_age_seconds")),
+            "host": n.get("hostname"),
+            "agent": n.get("agent_version"),
+            "GPUs": n.get("gpu_count", 0),
+            "replicas": n.get("replica_count", 0),
+            "cordoned": bool(n.get("cordoned")),
+        }
+        for n in nodes
+    ]
+
+
+def gpu_rows(gpus: Sequence[Json]) -> list[dict[str, Any]]:
+    rows = []
+    for g in gpus:
+        temp, slowdown = g.get("temperature_celsius"), g.get("slowdown_temperature_celsius")
+        rows.append({
+            "node": g["node"],
+            "GPU": g["index"],
+            "name": g.get("name"),
+            "temp °C": temp,
+            "slowdown °C": slowdown,
+            # Headroom to the GPU's own slowdown threshold (read from NVML, not assumed).
+            "headroom °C": None if temp is None or slowdown is None else round(slowdown - temp, 1),
+            "mem used GiB": _scaled(g.get("memory_used_bytes"), GIB),
+            "mem total GiB": _scaled(g.get("memory_total_bytes"), GIB),
+            "util %": _pct(g.get("utilization_ratio")),
+            "power W": g.get("power_watts"),
+            "throttle": ", ".join(g.get("throttle_reasons") or []),
+        })
+    return rows
+
+
+def replica_rows(replicas: Sequence[Json]) -> list[dict[str, Any]]:
+    rows = []
+    for r in replicas:
+        engine: Json = r.get("engine") or {}
+        process: Json = r.get("process") or {}
+        state = r["state"]
+        if r.get("node_status") == "stale":
+            # The agent has gone quiet: the last state it sent may no longer be true.
+            state = f"{state} (stale)"
+        rows.append({
+            "node": r["node"],
+            "replica": r["name"],
+            "model": r["model"],
+            "state": state,
+            "ready": bool(r.get("ready")),
+            "TTFT p99 ms": _ms(engine.get("ttft_p99_seconds")),
+            "ITL p99 ms": _ms(engine.get("itl_p99_seconds")),
+            "running": engine.get("requests_running"),
+            "waiting": engine.get("requests_waiting"),
+            "KV %": _pct(engine.get("kv_cache_usage_ratio")),
+            # Work queued while no token moves: /health stays 200 on a wedged EngineCore (vLLM #39863).
+            "stalled": _yes_no(engine.get("stalled")),
+            "RSS MiB": _scaled(process.get("rss_bytes"), MIB, 0),
+            "restarts": r.get("restarts_total", 0),
+            "gen": r.get("generation", 0),
+        })
+    return rows
+
+
+def event_rows(events: Sequence[Json]) -> list[dict[str, Any]]:
+    rows = []
+    for e in events:
+        change = ""
+        if e.get("from_state") or e.get("to_state"):
+            change = f"{e.get('from_state') or '·'} → {e.get('to_state') or '·'}"
+        at = _parse_time(e.get("at"))
+        rows.append({
+            "at": "" if at is None else at.strftime("%Y-%m-%d %H:%M:%S"),
+            "node": e["node"],
+            "replica": e["replica"],
+            "kind": e["kind"],
+            "change": change,
+            "message": e.get("message", ""),
+        })
+    return rows
+
+
+def sample_series(samples: Sequence[Json], fields: Sequence[str]) -> dict[str, list[Any]]:
+    """Columns for a line chart: ``at`` plus one list per field (TTFT in ms, RSS in MiB)."""
+    out: dict[str, list[Any]] = {"at": []}
+    for field in fields:
+        out[_series_label(field)] = []
+    for s in samples:
+        out["at"].append(_parse_time(s["at"]))
+        values: Json = s.get("values") or {}
+        for field in fields:
+            out[_series_label(field)].append(_series_value(field, values.get(field)))
+    return out
+
+
+def _series_label(field: str) -> str:
+    if field.endswith("_seconds"):
+        return field.removesuffix("_seconds") + " ms"
+    if field.endswith("_bytes"):
+        return field.removesuffix("_bytes") + " MiB"
+    return field
+
+
+def _series_value(field: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if field.endswith("_seconds"):
+        return _ms(value)
+    if field.endswith("_bytes"):
+        return _scaled(value, MIB, 0)
+    return float(value)
+
+
+def fleet_summary(nodes: Sequence[Json], replicas: Sequence[Json]) -> dict[str, int]:
+    """Headline counts for the top of the page."""
+    return {
+        "nodes": len(nodes),
+        "stale nodes": sum(1 for n in nodes if n.get("status") == "stale"),
+        "replicas": len(replicas),
+        "ready replicas": sum(1 for r in replicas if r.get("ready")),
+        "restarts": sum(int(r.get("restarts_total") or 0) for r in replicas),
+    }
+
+
+# Replica states that need a person's eyes (crash loops and give-ups), from the agent's state machine.
+TROUBLED_STATES = frozenset({"BACKOFF", "FATAL", "UNREACHABLE"})
+# Warn this close to the GPU's own slowdown threshold (NVML reports it per board; never assume 85 °C).
+GPU_HEADROOM_WARN_CELSIUS = 5.0
+
+
+def attention(nodes: Sequence[Json], replicas: Sequence[Json], gpus: Sequence[Json]) -> list[str]:
+    """One line per thing an operator should look at now, most severe kinds first."""
+    lines = [f"node {n['name']} has not reported for {age_text(n.get('last_report_age_seconds'))}"
+             for n in nodes if n.get("status") == "stale"]
+    for r in replicas:
+        where = f"{r['node']}/{r['name']}"
+        if r.get("state") in TROUBLED_STATES:
+            lines.append(f"replica {where} is {r['state']} after {r.get('restarts_total', 0)} restarts")
+        engine: Json = r.get("engine") or {}
+        if engine.get("stalled"):
+            lines.append(f"replica {where} has queued work but generates no tokens (stalled engine)")
+    for g in gpus:
+        temp, slowdown = g.get("temperature_celsius"), g.get("slowdown_temperature_celsius")
+        if temp is not None and slowdown is not None and slowdown - temp <= GPU_HEADROOM_WARN_CELSIUS:
+            lines.append(f"GPU {g['node']}#{g['index']} at {temp:g} °C, slowdown at {slowdown:g} °C")
+    return lines
+
+
+def replica_detail(replica: Json) -> dict[str, Any]:
+    """Facts about one replica for its detail panel: how long in this state, how it last exited, its args."""
+    canary, since = replica.get("canary_ok"), _parse_time(replica.get("state_since"))
+    exit_code, canary_ms = replica.get("last_exit_code"), _ms(replica.get("canary_ttft_seconds"))
+    # One row of text: blanks read better than "None" here.
+    return {
+        "state": replica["state"],
+        "since": "" if since is None else since.strftime("%Y-%m-%d %H:%M:%S"),
+        "generation": replica.get("generation", 0),
+        "last exit code": "" if exit_code is None else str(exit_code),
+        "canary": "" if canary is None else ("ok" if canary else "FAILED"),
+        "canary TTFT ms": "" if canary_ms is None else f"{canary_ms:g}",
+        "engine args": " ".join(replica.get("engine_args") or []),
+        "url": replica.get("url"),
+        "log tail": "\n".join(replica.get("log_tail") or []),
+    }

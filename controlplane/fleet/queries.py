@@ -1,0 +1,142 @@
+"""Read the fleet for the API: rows in, response models out, with staleness judged against ``now``."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from agent.wire import EngineSample, ProcessSample
+from controlplane.fleet.schemas import EventOut, GpuOut, NodeDetail, NodeOut, NodeStatus, ReplicaOut, SampleOut
+from controlplane.store.models import Gpu, Node, Replica, ReplicaEventRow, Sample
+
+
+def node_status(*, last_report_at: datetime, now: datetime, stale_after: timedelta) -> NodeStatus:
+    """``stale`` once the last report is older than ``stale_after`` (judged on the control plane's clock)."""
+    return NodeStatus.STALE if now - last_report_at > stale_after else NodeStatus.UP
+
+
+def _counts(session: Session, model: type[Gpu] | type[Replica]) -> dict[str, int]:
+    rows = session.execute(select(model.node, func.count()).group_by(model.node)).all()
+    return {str(node): int(count) for node, count in rows}
+
+
+def _node_out(node: Node, *, now: datetime, stale_after: timedelta, gpus: int, replicas: int) -> NodeOut:
+    return NodeOut(
+        name=node.name, hostname=node.hostname, agent_version=node.agent_version, agent_url=node.agent_url,
+        status=node_status(last_report_at=node.last_report_at, now=now, stale_after=stale_after),
+        first_seen_at=node.first_seen_at, last_report_at=node.last_report_at,
+        last_report_age_seconds=max(0.0, (now - node.last_report_at).total_seconds()),
+        last_sequence=node.last_sequence, reports_total=node.reports_total, cordoned=node.cordoned,
+        gpu_count=gpus, replica_count=replicas,
+    )
+
+
+def _statuses(session: Session, *, now: datetime, stale_after: timedelta) -> dict[str, NodeStatus]:
+    rows = session.execute(select(Node.name, Node.last_report_at)).all()
+    return {name: node_status(last_report_at=at, now=now, stale_after=stale_after) for name, at in rows}
+
+
+def list_nodes(*, session: Session, now: datetime, stale_after: timedelta) -> list[NodeOut]:
+    gpus, replicas = _counts(session, Gpu), _counts(session, Replica)
+    nodes = session.scalars(select(Node).order_by(Node.name)).all()
+    return [_node_out(n, now=now, stale_after=stale_after, gpus=gpus.get(n.name, 0),
+                      replicas=replicas.get(n.name, 0)) for n in nodes]
+
+
+def _gpu_out(gpu: Gpu, status: NodeStatus) -> GpuOut:
+    readings = {k: v for k, v in gpu.readings.items() if k in GpuOut.model_fields}
+    readings.update(node=gpu.node, node_status=status, index=gpu.index, uuid=gpu.uuid, name=gpu.name,
+                    updated_at=gpu.updated_at)
+    return GpuOut.model_validate(readings)
+
+
+def _replica_out(r: Replica, status: NodeStatus) -> ReplicaOut:
+    return ReplicaOut(
+        node=r.node, node_status=status, name=r.name, model=r.model, url=r.url, managed=r.managed,
+        state=r.state, ready=r.ready, generation=r.generation, gpus=list(r.gpus),
+        engine_args=list(r.engine_args), restarts_total=r.restarts_total, state_since=r.state_since,
+        last_exit_code=r.last_exit_code, log_tail=list(r.log_tail),
+        engine=None if r.engine is None else EngineSample.model_validate(r.engine),
+        process=None if r.process is None else ProcessSample.model_validate(r.process),
+        canary_ttft_seconds=r.canary_ttft_seconds, canary_ok=r.canary_ok, updated_at=r.updated_at,
+    )
+
+
+def list_gpus(*, session: Session, now: datetime, stale_after: timedelta, node: str | None = None) -> list[GpuOut]:
+    statuses = _statuses(session, now=now, stale_after=stale_after)
+    query = select(Gpu).order_by(Gpu.node, Gpu.index)
+    if node is not None:
+        query = query.where(Gpu.node == node)
+    return [_gpu_out(g, statuses.get(g.node, NodeStatus.STALE)) for g in session.scalars(query)]
+
+
+def list_replicas(
+    *, session: Session, now: datetime, stale_after: timedelta,
+    node: str | None = None, model: str | None = None, state: str | None = None,
+) -> list[ReplicaOut]:
+    statuses = _statuses(session, now=now, stale_after=stale_after)
+    query = select(Replica).order_by(Replica.node, Replica.name)
+    if node is not None:
+        query = query.where(Replica.node == node)
+    if model is not None:
+        query = query.where(Replica.model == model)
+    if state is not None:
+        query = query.where(Replica.state == state.upper())
+    return [_replica_out(r, statuses.get(r.node, NodeStatus.STALE)) for r in session.scalars(query)]
+
+
+def get_replica(*, session: Session, now: datetime, stale_after: timedelta, node: str, name: str) -> ReplicaOut | None:
+    row = session.get(Replica, (node, name))
+    if row is None:
+        return None
+    return _replica_out(row, _statuses(session, now=now, stale_after=stale_after).get(node, NodeStatus.STALE))
+
+
+def get_node(*, session: Session, now: datetime, stale_after: timedelta, name: str) -> NodeDetail | None:
+    node = session.get(Node, name)
+    if node is None:
+        return None
+    gpus = list_gpus(session=session, now=now, stale_after=stale_after, node=name)
+    replicas = list_replicas(session=session, now=now, stale_after=stale_after, node=name)
+    base = _node_out(node, now=now, stale_after=stale_after, gpus=len(gpus), replicas=len(replicas))
+    return NodeDetail(**base.model_dump(), gpus=gpus, replicas=replicas)
+
+
+def list_events(
+    *, session: Session, limit: int, node: str | None = None, replica: str | None = None,
+    since: datetime | None = None,
+) -> list[EventOut]:
+    """The most recent events first."""
+    query = select(ReplicaEventRow).order_by(ReplicaEventRow.at.desc(), ReplicaEventRow.id.desc()).limit(limit)
+    if node is not None:
+        query = query.where(ReplicaEventRow.node == node)
+    if replica is not None:
+        query = query.where(ReplicaEventRow.replica == replica)
+    if since is not None:
+        query = query.where(ReplicaEventRow.at >= since)
+    return [EventOut(id=e.id, node=e.node, replica=e.replica, at=e.at, received_at=e.received_at, kind=e.kind,
+                     from_state=e.from_state, to_state=e.to_state, message=e.message)
+            for e in session.scalars(query)]
+
+
+def replica_samples(
+    *, session: Session, node: str, name: str, since: datetime | None, limit: int,
+) -> list[SampleOut]:
+    """A replica's time series, oldest first (the newest ``limit`` points when there are more)."""
+    query = (select(Sample)
+             .where(Sample.node == node, Sample.subject_kind == "replica", Sample.subject == name)
+             .order_by(Sample.at.desc()).limit(limit))
+    if since is not None:
+        query = query.where(Sample.at >= since)
+    rows = list(session.scalars(query))
+    rows.reverse()
+    return [SampleOut(at=s.at, resolution_seconds=s.resolution_seconds, values=dict(s.values)) for s in rows]
+
+
+def count_nodes_by_status(*, session: Session, now: datetime, stale_after: timedelta) -> dict[NodeStatus, int]:
+    counts = dict.fromkeys(NodeStatus, 0)
+    for status in _statuses(session, now=now, stale_after=stale_after).values():
+        counts[status] += 1
+    return counts

@@ -1,0 +1,105 @@
+"""Response models of the read API (pydantic, separate from the ORM rows they are built from)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel
+
+from agent.wire import EngineSample, ProcessSample
+
+
+class NodeStatus(StrEnum):
+    UP = "up"
+    # No report within the stale timeout: the agent, its host or the network between is in trouble.
+    STALE = "stale"
+
+
+class NodeOut(BaseModel):
+    name: str
+    hostname: str
+    agent_version: str
+    agent_url: str | None
+    status: NodeStatus
+    first_seen_at: datetime
+    last_report_at: datetime
+    last_report_age_seconds: float
+    last_sequence: int
+    reports_total: int
+    cordoned: bool
+    gpu_count: int
+    replica_count: int
+
+
+class GpuOut(BaseModel):
+    node: str
+    node_status: NodeStatus
+    index: int
+    uuid: str
+    name: str
+    updated_at: datetime
+    temperature_celsius: float | None = None
+    slowdown_temperature_celsius: float | None = None
+    shutdown_temperature_celsius: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    utilization_ratio: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    throttle_reasons: list[str] = []
+    ecc_uncorrected_total: int | None = None
+    xid_events_total: int = 0
+    last_xid: int | None = None
+
+
+class ReplicaOut(BaseModel):
+    node: str
+    node_status: NodeStatus
+    name: str
+    model: str
+    url: str
+    managed: bool
+    state: str
+    ready: bool
+    generation: int
+    gpus: list[int]
+    engine_args: list[str]
+    restarts_total: int
+    state_since: datetime
+    last_exit_code: int | None
+    log_tail: list[str]
+    engine: EngineSample | None
+    process: ProcessSample | None
+    canary_ttft_seconds: float | None
+    canary_ok: bool | None
+    updated_at: datetime
+
+
+class NodeDetail(NodeOut):
+    gpus: list[GpuOut]
+    replicas: list[ReplicaOut]
+
+
+class EventOut(BaseModel):
+    id: int
+    node: str
+    replica: str
+    at: datetime
+    received_at: datetime
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    message: str
+
+
+class SampleOut(BaseModel):
+    at: datetime
+    # 0 for a raw reading, else the width in seconds of the bucket this point averages.
+    resolution_seconds: int
+    values: dict[str, Any]
+
+
+class Problem(BaseModel):
+    detail: str

@@ -1,0 +1,113 @@
+"""Sample retention: raw points for a while, then one-minute averages, then nothing.
+
+``downsample`` is the pure part; ``prune_samples`` applies it in one transaction; ``RetentionLoop`` runs it
+every ``retention_interval_seconds`` inside the app's lifespan (an asyncio task, not a process-wide scheduler).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from controlplane.config import ServerConfig
+from controlplane.store.db import session_scope
+from controlplane.store.models import Sample
+
+log = logging.getLogger(__name__)
+BUCKET_SECONDS = 60
+
+
+def bucket_start(at: datetime, width: int) -> datetime:
+    epoch = int(at.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % width, UTC)
+
+
+Point = tuple[datetime, dict[str, Any]]
+
+
+def downsample(points: Iterable[Point], width: int) -> list[tuple[datetime, dict[str, float]]]:
+    """Average each numeric field over ``width``-second buckets; a field absent from a point is not a zero."""
+    sums: dict[datetime, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for at, values in points:
+        bucket = sums[bucket_start(at, width)]
+        for key, value in values.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                bucket[key].append(float(value))
+    return [(start, {k: sum(v) / len(v) for k, v in fields.items()}) for start, fields in sorted(sums.items())]
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    deleted: int
+    downsampled: int
+    buckets: int
+
+
+def prune_samples(*, session: Session, now: datetime, full_resolution: timedelta, retention: timedelta,
+                  width: int = BUCKET_SECONDS) -> PruneResult:
+    """Delete samples past ``retention``; fold raw samples older than ``full_resolution`` into buckets."""
+    expired = session.execute(delete(Sample).where(Sample.at < now - retention))
+    deleted = int(getattr(expired, "rowcount", 0) or 0)
+    # Only whole buckets are folded, so a bucket is never written twice.
+    cutoff = bucket_start(now - full_resolution, width)
+    old = session.scalars(select(Sample).where(Sample.resolution_seconds == 0, Sample.at < cutoff)).all()
+    groups: dict[tuple[str, str, str], list[Sample]] = defaultdict(list)
+    for s in old:
+        groups[(s.node, s.subject_kind, s.subject)].append(s)
+    buckets = 0
+    for (node, kind, subject), rows in groups.items():
+        for start, values in downsample(((r.at, r.values) for r in rows), width):
+            session.add(Sample(node=node, subject_kind=kind, subject=subject, at=start,
+                               resolution_seconds=width, values=values))
+            buckets += 1
+        for r in rows:
+            session.delete(r)
+    return PruneResult(deleted=deleted, downsampled=len(old), buckets=buckets)
+
+
+class RetentionLoop:
+    """Runs ``prune_samples`` periodically on the app's event loop; stopped by the app's lifespan."""
+
+    def __init__(self, sessions: sessionmaker[Session], *, clock: Callable[[], datetime], config: ServerConfig):
+        self._sessions = sessions
+        self._clock = clock
+        self._config = config
+        self._task: asyncio.Task[None] | None = None
+
+    def run_once(self) -> PruneResult:
+        with session_scope(self._sessions) as session:
+            return prune_samples(
+                session=session, now=self._clock(),
+                full_resolution=timedelta(seconds=self._config.sample_full_resolution_seconds),
+                retention=timedelta(seconds=self._config.sample_retention_seconds),
+            )
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.retention_interval_seconds)
+            try:
+                result = await run_in_threadpool(self.run_once)
+            except SQLAlchemyError:
+                # The database may be briefly away (failover, lock); the next round retries the same work.
+                log.exception("sample retention failed; retrying in %.0fs", self._config.retention_interval_seconds)
+                continue
+            log.info("sample retention: %s", result)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="pitstop-retention")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None

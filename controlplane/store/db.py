@@ -1,0 +1,87 @@
+"""Engines, sessions and migrations for one database URL (no module-level engine: each app builds its own)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+# Several control planes may start together on one PostgreSQL; this lock lets one migrate while the others wait.
+MIGRATION_LOCK_ID = 0x7069_7473
+# Agents report concurrently; writers wait this long for SQLite's single write lock instead of failing.
+SQLITE_BUSY_TIMEOUT_MS = 5000
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets the console's reads run while a report is being written.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; for a SQLite file, creates its folder and switches it to WAL mode."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One unit of work: commit on success, roll back on any error."""
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Bring the database to ``revision`` with Alembic (idempotent: an up-to-date database is left alone)."""
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID})
+        cfg.attributes["connection"] = connection
+        command.upgrade(cfg, revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        try:
+            row = connection.execute(text("SELECT version_num FROM alembic_version")).first()
+        except Exception:
+            return None
+    return None if row is None else str(row[0])
+
+
+def ping(engine: Engine) -> None:
+    """Raise if the database cannot answer a trivial query."""
+    with engine.connect() as connection:
+        connection.execute(text("SELECT 1"))

@@ -1,0 +1,130 @@
+"""The fleet's tables: SQLAlchemy 2 typed declarative models (storage only; the API speaks pydantic)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Stores naive UTC, returns aware UTC: SQLite keeps no zone, and comparing naive to aware times raises."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UtcDateTime, dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(256))
+    agent_version: Mapped[str] = mapped_column(String(64))
+    agent_url: Mapped[str | None] = mapped_column(String(512))
+    first_seen_at: Mapped[datetime]
+    last_report_at: Mapped[datetime]  # control-plane clock: staleness never depends on the agent's clock
+    last_sent_at: Mapped[datetime]  # agent clock, only compared with itself (sequence resets)
+    last_sequence: Mapped[int]
+    reports_total: Mapped[int] = mapped_column(default=0)
+    status: Mapped[str] = mapped_column(String(16), default="up")
+    cordoned: Mapped[bool] = mapped_column(default=False)
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+
+    node: Mapped[str] = mapped_column(ForeignKey("nodes.name", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(128))
+    updated_at: Mapped[datetime]
+    # The latest GpuSample as sent (temperatures, memory, utilisation, power, throttle reasons, XIDs).
+    readings: Mapped[dict[str, Any]]
+
+
+class Replica(Base):
+    __tablename__ = "replicas"
+
+    node: Mapped[str] = mapped_column(ForeignKey("nodes.name", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(256))
+    url: Mapped[str] = mapped_column(String(512))
+    managed: Mapped[bool]
+    state: Mapped[str] = mapped_column(String(16))
+    ready: Mapped[bool]
+    generation: Mapped[int]
+    gpus: Mapped[list[Any]]
+    engine_args: Mapped[list[Any]]
+    restarts_total: Mapped[int]
+    state_since: Mapped[datetime]
+    last_exit_code: Mapped[int | None]
+    log_tail: Mapped[list[Any]]
+    engine: Mapped[dict[str, Any] | None]
+    process: Mapped[dict[str, Any] | None]
+    canary_ttft_seconds: Mapped[float | None]
+    canary_ok: Mapped[bool | None]
+    updated_at: Mapped[datetime]
+
+
+class ReplicaEventRow(Base):
+    __tablename__ = "replica_events"
+    __table_args__ = (Index("ix_replica_events_node_replica_at", "node", "replica", "at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(64))
+    replica: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime] = mapped_column(index=True)
+    received_at: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(64))
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str | None] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
+class Sample(Base):
+    """One point of a time series: a replica's or a GPU's numeric readings at one instant (or bucket)."""
+
+    __tablename__ = "samples"
+    __table_args__ = (Index("ix_samples_subject_at", "node", "subject_kind", "subject", "at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(64))
+    subject_kind: Mapped[str] = mapped_column(String(16))  # "replica" | "gpu"
+    subject: Mapped[str] = mapped_column(String(64))  # replica name, or GPU index as text
+    at: Mapped[datetime]
+    # 0 for a raw point; otherwise the width of the bucket this point averages.
+    resolution_seconds: Mapped[int] = mapped_column(default=0)
+    values: Mapped[dict[str, Any]]
+
+
+class DesiredReplica(Base):
+    """The operator's (or a rollout's) wish for one replica; answered to the agent as a ``ReplicaSpec``."""
+
+    __tablename__ = "desired_replicas"
+    __table_args__ = (UniqueConstraint("node", "name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    generation: Mapped[int] = mapped_column(default=0)
+    engine_args: Mapped[list[Any]]
+    enabled: Mapped[bool] = mapped_column(default=True)
+    updated_at: Mapped[datetime]

@@ -1,0 +1,42 @@
+"""Old samples fold into one-minute averages; samples past retention disappear."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from controlplane.retention import RetentionLoop, downsample
+from tests.controlplane.fixtures import T0, body, replica, report
+
+
+def test_downsample_averages_per_bucket_and_skips_missing_fields() -> None:
+    points: list[tuple[datetime, dict[str, Any]]] = [(T0 + timedelta(seconds=5), {"ttft": 0.1, "rss": 100}),
+              (T0 + timedelta(seconds=35), {"ttft": 0.3}),
+              (T0 + timedelta(seconds=65), {"ttft": 0.5, "rss": 300, "label": "x"})]
+    assert downsample(points, 60) == [(T0, {"ttft": 0.2, "rss": 100.0}),
+                                      (T0 + timedelta(seconds=60), {"ttft": 0.5, "rss": 300.0})]
+
+
+def test_retention_downsamples_then_deletes(app, client: TestClient, config, clock) -> None:
+    for i in range(6):  # one report every 20 s for two minutes
+        sent = T0 + timedelta(seconds=20 * i)
+        client.post("/v1/agents/gpu-a/report",
+                    json=body(report(sequence=i + 1, sent_at=sent, replicas=[replica("r0", ttft=0.1 * (i + 1))])))
+    cfg = config.model_copy(update={"sample_full_resolution_seconds": 600, "sample_retention_seconds": 3600})
+    loop = RetentionLoop(app.state.pitstop.sessions, clock=clock, config=cfg)
+    series = lambda: client.get("/v1/replicas/gpu-a/r0/samples").json()  # noqa: E731
+
+    clock.now = T0 + timedelta(seconds=300)  # everything still within full resolution
+    assert loop.run_once().downsampled == 0 and len(series()) == 6
+
+    clock.now = T0 + timedelta(seconds=900)
+    result = loop.run_once()
+    assert (result.downsampled, result.buckets) == (12, 4)  # replica and GPU series, two minutes each
+    points = series()
+    assert [p["resolution_seconds"] for p in points] == [60, 60]
+    assert [round(p["values"]["ttft_p99_seconds"], 3) for p in points] == [0.2, 0.5]
+
+    clock.now = T0 + timedelta(seconds=3700)
+    assert loop.run_once().deleted == 4 and series() == []
