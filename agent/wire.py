@@ -78,6 +78,9 @@ class EngineSample(_Wire):
     itl_p95_seconds: float | None = None
     itl_p99_seconds: float | None = None
     e2e_p99_seconds: float | None = None
+    prefix_cache_hit_ratio: float | None = Field(default=None, ge=0, le=1)
+    # Requests running or waiting while no generation token moved over the window (a wedged EngineCore).
+    stalled: bool | None = None
     scrape_error: str | None = Field(default=None, max_length=2000)
 
 

@@ -6,6 +6,9 @@ set -euo pipefail
 needed=(
     "chromium chromium"                                  # the console's end-to-end test
     "/usr/lib/postgresql/*/bin/pg_ctl postgresql"        # the store on PostgreSQL
+    "promtool prometheus"                                # alert rules: promtool tests, a real Prometheus
+    "prometheus-alertmanager prometheus-alertmanager"    # alert routing to the control plane
+    "haproxy haproxy"                                    # zero-drop restarts behind a real load balancer
 )
 
 have() {

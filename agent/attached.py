@@ -1,0 +1,68 @@
+"""An attached replica: an engine Pitstop did not start. It is probed and scraped, never started or stopped."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime
+
+import httpx
+
+from agent.config import ReplicaConfig
+from agent.probes import engine_alive
+from agent.states import ReplicaMachine, utc_now
+from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus
+
+S = ReplicaState
+
+
+class AttachedReplica:
+    """ATTACHED while ``/health`` answers 200, UNREACHABLE otherwise; probed every ``interval`` seconds."""
+
+    managed = False
+    pid: int | None = None
+
+    def __init__(self, spec: ReplicaConfig, client: httpx.AsyncClient, interval: float,
+                 *, wall: Callable[[], datetime] = utc_now) -> None:
+        self.spec = spec
+        self.client = client
+        self.interval = interval
+        self.machine = ReplicaMachine(spec.name, S.UNREACHABLE, wall)
+        self.engine: EngineSample | None = None
+        self.process: ProcessSample | None = None
+        self.canary_ttft: float | None = None
+        self.canary_ok: bool | None = None
+        self._stop = asyncio.Event()
+
+    @property
+    def state(self) -> ReplicaState:
+        return self.machine.state
+
+    @property
+    def model_name(self) -> str:
+        return self.spec.model
+
+    def request_shutdown(self) -> None:
+        self._stop.set()
+
+    async def probe_once(self) -> None:
+        alive = await engine_alive(self.client, self.spec.base_url, self.spec.probe_timeout)
+        if alive and self.state == S.UNREACHABLE:
+            self.machine.to(S.ATTACHED, "health 200")
+        elif not alive and self.state == S.ATTACHED:
+            self.machine.to(S.UNREACHABLE, "health probe failed")
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            await self.probe_once()
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self.interval)
+            except TimeoutError:
+                continue
+
+    def status(self) -> ReplicaStatus:
+        return ReplicaStatus(
+            name=self.spec.name, model=self.spec.model, url=self.spec.base_url, state=self.state,
+            ready=self.state == S.ATTACHED, managed=False, gpus=self.spec.gpus,
+            state_since=self.machine.since, engine=self.engine, process=self.process,
+            canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok)

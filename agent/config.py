@@ -1,0 +1,215 @@
+"""Agent configuration: a YAML file validated by pydantic, overridable by ``PITSTOP_AGENT_*`` variables.
+
+Every setting has a default, so ``pitstop agent`` runs with no file at all (loopback, standalone if the
+control plane is away, GPU-only). Errors name the file, the field and, where YAML can tell, the line.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent.wire import NAME_PATTERN
+
+ENV_PREFIX = "PITSTOP_AGENT_"
+
+DEFAULT_COMMANDS: dict[str, list[str]] = {
+    "sim": [sys.executable, "-m", "pitstop.cli", "sim", "serve", "{model}", "--host", "{host}", "--port", "{port}"],
+    "vllm": ["vllm", "serve", "{model}", "--host", "{host}", "--port", "{port}"],
+}
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; the message names the file, line and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WarmupConfig(_Strict):
+    """Requests sent after the engine answers and before it is marked READY (first requests are slow)."""
+
+    requests: int = Field(default=2, ge=0, le=1000)
+    prompt: str = "Hello"
+    max_tokens: int = Field(default=8, ge=1, le=4096)
+    timeout: float = Field(default=30.0, gt=0)
+
+
+class ReplicaConfig(_Strict):
+    """One engine replica: managed (the agent starts it) or attached (only ``url``: monitored, never touched)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    model: str = ""
+    url: str | None = None
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=1, le=65535)
+    gpus: list[int] = Field(default_factory=lambda: [0])
+    engine: Literal["sim", "vllm"] = "sim"
+    command: list[str] | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    start_timeout: float = Field(default=600.0, gt=0)
+    drain_timeout: float = Field(default=60.0, ge=0)
+    stop_timeout: float = Field(default=30.0, ge=0)
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+    # Health/model probes and scrapes: generous, a starved API server answers slowly (DESIGN.md).
+    probe_timeout: float = Field(default=5.0, gt=0)
+    log_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    log_backups: int = Field(default=3, ge=0, le=100)
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _managed_or_attached(self) -> ReplicaConfig:
+        if self.url is None and self.port is None:
+            raise ValueError("a managed replica needs 'port' (or give 'url' to attach to a running engine)")
+        if self.url is None and not self.model:
+            raise ValueError("a managed replica needs 'model'")
+        return self
+
+    @property
+    def managed(self) -> bool:
+        return self.url is None
+
+    @property
+    def base_url(self) -> str:
+        return self.url.rstrip("/") if self.url else f"http://{self.host}:{self.port}"
+
+    def argv(self, args: list[str] | None = None) -> list[str]:
+        """The engine's argv: the command template filled in, then the engine flags (``args`` overrides)."""
+        template = self.command if self.command is not None else DEFAULT_COMMANDS[self.engine]
+        values = {"model": self.model, "host": self.host, "port": str(self.port)}
+        return [part.format(**values) for part in template] + list(self.args if args is None else args)
+
+
+class BackoffConfig(_Strict):
+    """Crash-loop policy: 10·2ⁿ s capped at 300 s; FATAL after ``max_failures`` within ``window``."""
+
+    base: float = Field(default=10.0, gt=0)
+    cap: float = Field(default=300.0, gt=0)
+    max_failures: int = Field(default=5, ge=1)
+    window: float = Field(default=600.0, gt=0)
+
+
+class AgentConfig(_Strict):
+    node: str = Field(default_factory=lambda: _default_node(), pattern=NAME_PATTERN)
+    host: str = "127.0.0.1"
+    port: int = Field(default=9400, ge=0, le=65535)
+    control_plane: str | None = "http://127.0.0.1:8000"
+    token: str | None = None
+    report_interval: float = Field(default=5.0, gt=0)
+    scrape_interval: float = Field(default=5.0, gt=0)
+    gpu_backend: Literal["auto", "nvml", "sim", "recorded"] = "auto"
+    sim_gpu_dir: Path = Path("./.pitstop/simgpu")
+    sim_gpu_count: int = Field(default=1, ge=0, le=64)
+    recorded_gpu_file: Path | None = None
+    state_dir: Path | None = None
+    canary_every: int = Field(default=0, ge=0)  # in scrape intervals; 0 = off
+    canary_timeout: float = Field(default=10.0, gt=0)
+    backoff: BackoffConfig = Field(default_factory=BackoffConfig)
+    replicas: list[ReplicaConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> AgentConfig:
+        names = [r.name for r in self.replicas]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"replica names must be unique: {', '.join(dupes)}")
+        return self
+
+    @property
+    def resolved_state_dir(self) -> Path:
+        return self.state_dir if self.state_dir is not None else Path(f"./.pitstop/agent-{self.node}")
+
+
+def _default_node() -> str:
+    # Hostnames may carry dots and odd characters; keep the first label and make it a valid name.
+    label = socket.gethostname().split(".")[0]
+    cleaned = "".join(c if c.isalnum() or c in "-_" else "-" for c in label).strip("-_")
+    return cleaned[:63] or "node"
+
+
+# Environment overrides: only the scalar main settings; replicas belong in the file.
+_ENV_FIELDS = ("node", "host", "port", "control_plane", "token", "report_interval", "scrape_interval",
+               "gpu_backend", "sim_gpu_dir", "sim_gpu_count", "recorded_gpu_file", "state_dir")
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for field in _ENV_FIELDS:
+        key = ENV_PREFIX + field.upper()
+        if key in env:
+            value: Any = env[key]
+            if field == "control_plane" and value.strip().lower() in ("", "null", "none"):
+                value = None
+            out[field] = value
+    return out
+
+
+def _line_of(text: str, loc: tuple[int | str, ...]) -> int | None:
+    """The 1-based line where the YAML node at ``loc`` starts, when the document can be composed."""
+    try:
+        node: Any = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if k.value == part), None)
+            if match is None:
+                break
+            node = match
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def _format_errors(source: str, text: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        line = _line_of(text, loc) if text else None
+        where = f"{source}:{line}" if line else source
+        lines.append(f"{where}: {field}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def parse_config(text: str, source: str = "<config>", env: Mapping[str, str] | None = None) -> AgentConfig:
+    """Validate YAML text (plus environment overrides) into an ``AgentConfig``; raise ``ConfigError``."""
+    try:
+        data = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        raise ConfigError(f"{where}: not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of settings")
+    data.update(_env_overrides(os.environ if env is None else env))
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(source, text, exc)) from exc
+
+
+def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> AgentConfig:
+    """Load the config file at ``path`` (``None``: defaults only)."""
+    if path is None:
+        return parse_config("", "<defaults>", env)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    return parse_config(text, str(path), env)

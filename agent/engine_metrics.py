@@ -1,0 +1,178 @@
+"""Which vLLM /metrics series the agent reads, and how two scrapes become one ``EngineSample``.
+
+The table below is the single list of engine metrics read (dcgm-exporter's counters file, in code). Each row
+names the current vLLM 0.33 sample name first, then older names read when the current one is absent
+(vLLM renamed ``gpu_cache_usage_perc`` → ``kv_cache_usage_perc``, ``time_per_output_token_seconds`` →
+``inter_token_latency_seconds``, ``gpu_prefix_cache_*`` → ``prefix_cache_*``).
+
+==================  =========  ==================================================================
+key                 kind       sample names (current first, then old)
+==================  =========  ==================================================================
+running             gauge      vllm:num_requests_running
+waiting             gauge      vllm:num_requests_waiting
+kv_usage            gauge-max  vllm:kv_cache_usage_perc, vllm:gpu_cache_usage_perc
+preemptions         counter    vllm:num_preemptions_total
+prompt_tokens       counter    vllm:prompt_tokens_total
+generation_tokens   counter    vllm:generation_tokens_total
+requests            counter    vllm:request_success_total (all finished_reason)
+errors              counter    vllm:request_success_total{finished_reason=error|abort}
+prefix_queries      counter    vllm:prefix_cache_queries_total, vllm:gpu_prefix_cache_queries_total
+prefix_hits         counter    vllm:prefix_cache_hits_total, vllm:gpu_prefix_cache_hits_total
+ttft                histogram  vllm:time_to_first_token_seconds
+itl                 histogram  vllm:inter_token_latency_seconds, vllm:time_per_output_token_seconds
+e2e                 histogram  vllm:e2e_request_latency_seconds
+==================  =========  ==================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Literal
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.quantiles import bucket_delta, quantile
+from agent.wire import EngineSample
+
+Kind = Literal["gauge", "gauge-max", "counter", "histogram"]
+
+
+@dataclass(frozen=True)
+class EngineMetric:
+    key: str
+    kind: Kind
+    names: tuple[str, ...]
+    # Only samples whose label matches one of these values count (e.g. finished_reason=error|abort).
+    label: tuple[str, frozenset[str]] | None = None
+
+
+ENGINE_METRICS: tuple[EngineMetric, ...] = (
+    EngineMetric("running", "gauge", ("vllm:num_requests_running",)),
+    EngineMetric("waiting", "gauge", ("vllm:num_requests_waiting",)),
+    EngineMetric("kv_usage", "gauge-max", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
+    EngineMetric("preemptions", "counter", ("vllm:num_preemptions_total",)),
+    EngineMetric("prompt_tokens", "counter", ("vllm:prompt_tokens_total",)),
+    EngineMetric("generation_tokens", "counter", ("vllm:generation_tokens_total",)),
+    EngineMetric("requests", "counter", ("vllm:request_success_total",)),
+    EngineMetric("errors", "counter", ("vllm:request_success_total",),
+                 label=("finished_reason", frozenset({"error", "abort"}))),
+    EngineMetric("prefix_queries", "counter",
+                 ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")),
+    EngineMetric("prefix_hits", "counter", ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")),
+    EngineMetric("ttft", "histogram", ("vllm:time_to_first_token_seconds",)),
+    EngineMetric("itl", "histogram", ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")),
+    EngineMetric("e2e", "histogram", ("vllm:e2e_request_latency_seconds",)),
+)
+
+
+class MetricsParseError(ValueError):
+    """The /metrics body is not Prometheus text, or holds none of vLLM's metrics."""
+
+
+@dataclass
+class EngineSnapshot:
+    """Values of the table's metrics in one scrape, taken at monotonic time ``at``."""
+
+    at: float
+    values: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, dict[float, float]] = field(default_factory=dict)
+
+
+def _le(value: str) -> float:
+    return math.inf if value in ("+Inf", "Inf", "inf") else float(value)
+
+
+def parse_metrics(text: str, at: float, model: str | None = None) -> EngineSnapshot:
+    """Parse vLLM /metrics text into an ``EngineSnapshot``; series of other models are ignored when
+    ``model`` is given (label ``model_name``); series of several engines (data parallel) are summed."""
+    samples: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                samples[s.name].append((s.labels, s.value))
+    except (ValueError, TypeError, IndexError) as exc:  # the parser's ways of saying "not Prometheus text"
+        raise MetricsParseError(f"unparsable /metrics: {exc}") from exc
+    if not any(name.startswith("vllm:") for name in samples):
+        raise MetricsParseError("no vllm: metrics in the response")
+
+    def rows(name: str, metric: EngineMetric) -> list[tuple[dict[str, str], float]]:
+        out = [(lb, v) for lb, v in samples.get(name, []) if model is None or lb.get("model_name", model) == model]
+        if metric.label is not None:
+            label, allowed = metric.label
+            out = [(lb, v) for lb, v in out if lb.get(label) in allowed]
+        return out
+
+    snap = EngineSnapshot(at=at)
+    for metric in ENGINE_METRICS:
+        if metric.kind == "histogram":
+            for base in metric.names:
+                buckets: dict[float, float] = defaultdict(float)
+                for labels, value in rows(base + "_bucket", metric):
+                    buckets[_le(labels.get("le", "+Inf"))] += value
+                if buckets:
+                    snap.histograms[metric.key] = dict(buckets)
+                    break
+            continue
+        for name in metric.names:
+            if name not in samples:
+                continue
+            found = rows(name, metric)
+            values = [v for _, v in found]
+            if metric.kind == "gauge-max":
+                snap.values[metric.key] = max(values, default=0.0)
+            else:
+                snap.values[metric.key] = sum(values)
+            break
+    return snap
+
+
+def _rate(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None) -> float | None:
+    if prev is None or key not in cur.values or key not in prev.values:
+        return None
+    dt = cur.at - prev.at
+    if dt <= 0:
+        return None
+    delta = cur.values[key] - prev.values[key]
+    # A counter that went down means the engine restarted: count from zero, never a negative rate.
+    if delta < 0:
+        delta = cur.values[key]
+    return delta / dt
+
+
+def _window_quantiles(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None,
+                      qs: tuple[float, ...]) -> list[float | None]:
+    if prev is None or key not in cur.histograms:
+        return [None for _ in qs]
+    window = bucket_delta(cur.histograms[key], prev.histograms.get(key))
+    return [quantile(q, window) for q in qs]
+
+
+def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None) -> EngineSample:
+    """Gauges from ``cur``; rates and window quantiles from ``cur - prev`` (``None`` without ``prev``)."""
+    v = cur.values
+    ttft = _window_quantiles("ttft", cur, prev, (0.5, 0.95, 0.99))
+    itl = _window_quantiles("itl", cur, prev, (0.5, 0.95, 0.99))
+    (e2e99,) = _window_quantiles("e2e", cur, prev, (0.99,))
+    hit_ratio = None
+    if prev is not None and "prefix_queries" in v and "prefix_queries" in prev.values:
+        queries = _rate("prefix_queries", cur, prev)
+        hits = _rate("prefix_hits", cur, prev)
+        if queries and hits is not None:
+            hit_ratio = min(1.0, hits / queries)
+    return EngineSample(
+        requests_running=v.get("running"),
+        requests_waiting=v.get("waiting"),
+        kv_cache_usage_ratio=v.get("kv_usage"),
+        preemptions_total=v.get("preemptions"),
+        generation_tokens_total=v.get("generation_tokens"),
+        prompt_tokens_per_second=_rate("prompt_tokens", cur, prev),
+        generation_tokens_per_second=_rate("generation_tokens", cur, prev),
+        requests_per_second=_rate("requests", cur, prev),
+        errors_per_second=_rate("errors", cur, prev),
+        ttft_p50_seconds=ttft[0], ttft_p95_seconds=ttft[1], ttft_p99_seconds=ttft[2],
+        itl_p50_seconds=itl[0], itl_p95_seconds=itl[1], itl_p99_seconds=itl[2],
+        e2e_p99_seconds=e2e99,
+        prefix_cache_hit_ratio=hit_ratio,
+    )

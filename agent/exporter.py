@@ -1,0 +1,173 @@
+"""The agent's own /metrics: a client_python ``Collector`` over the agent's current state.
+
+Every exported series is declared in ``EXPORTED`` below (one row each: name, kind, labels, help). Labels:
+``node`` on all; ``gpu`` on GPU series; ``replica`` and ``model`` on replica series; ``state`` and ``quantile``
+where noted.
+
+=====================================  =========  ===================================================
+name                                   kind       meaning
+=====================================  =========  ===================================================
+pitstop_gpu_temperature_celsius        gauge      GPU core temperature
+pitstop_gpu_slowdown_temperature_celsius gauge    the GPU's own slowdown threshold (NVML)
+pitstop_gpu_memory_used_bytes          gauge      GPU memory in use
+pitstop_gpu_memory_total_bytes         gauge      GPU memory size
+pitstop_gpu_utilization_ratio          gauge      GPU busy ratio 0..1
+pitstop_gpu_power_watts                gauge      board power draw
+pitstop_gpu_power_limit_watts          gauge      enforced power limit
+pitstop_gpu_ecc_uncorrected_total      counter    uncorrected ECC errors (volatile)
+pitstop_gpu_xid_events_total           counter    XID critical errors seen by the agent
+pitstop_replica_state                  gauge      1 for the replica's current state, 0 for the others
+pitstop_replica_ready                  gauge      1 when READY (or an attached engine answers)
+pitstop_replica_restarts_total         counter    restarts after failures
+pitstop_replica_rss_bytes              gauge      host RSS of the engine's whole process tree
+pitstop_replica_processes              gauge      processes in the engine's tree
+pitstop_replica_gpu_memory_bytes       gauge      GPU memory held by the engine's processes
+pitstop_engine_requests_running        gauge      vllm:num_requests_running
+pitstop_engine_requests_waiting        gauge      vllm:num_requests_waiting
+pitstop_engine_kv_cache_usage_ratio    gauge      vllm:kv_cache_usage_perc
+pitstop_engine_ttft_seconds            gauge      TTFT quantiles over the last scrape window
+pitstop_engine_itl_seconds             gauge      inter-token latency quantiles over the last window
+pitstop_engine_e2e_p99_seconds         gauge      e2e latency p99 over the last window
+pitstop_engine_generation_tokens_per_second gauge generation throughput
+pitstop_engine_requests_per_second     gauge      finished requests per second
+pitstop_engine_errors_per_second       gauge      requests finished with error or abort per second
+pitstop_engine_stalled                 gauge      1 when work is queued but no token moved
+pitstop_engine_scrape_errors_total     counter    failed scrapes of the engine's /metrics
+pitstop_canary_ttft_seconds            gauge      TTFT of the last canary request
+pitstop_canary_ok                      gauge      1 when the last canary completed in time
+=====================================  =========  ===================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent.wire import GpuSample, ReplicaState, ReplicaStatus
+
+
+@dataclass(frozen=True)
+class ExportState:
+    """Everything the exporter shows, read once per scrape."""
+
+    node: str
+    gpus: list[GpuSample] = field(default_factory=list)
+    replicas: list[ReplicaStatus] = field(default_factory=list)
+    scrape_errors: dict[str, int] = field(default_factory=dict)
+
+
+GpuValue = Callable[[GpuSample], float | int | None]
+ReplicaValue = Callable[[ReplicaStatus], float | int | None]
+
+GPU_SERIES: tuple[tuple[str, str, str, GpuValue], ...] = (
+    ("pitstop_gpu_temperature_celsius", "gauge", "GPU temperature.", lambda g: g.temperature_celsius),
+    ("pitstop_gpu_slowdown_temperature_celsius", "gauge", "GPU slowdown threshold.",
+     lambda g: g.slowdown_temperature_celsius),
+    ("pitstop_gpu_memory_used_bytes", "gauge", "GPU memory used.", lambda g: g.memory_used_bytes),
+    ("pitstop_gpu_memory_total_bytes", "gauge", "GPU memory total.", lambda g: g.memory_total_bytes),
+    ("pitstop_gpu_utilization_ratio", "gauge", "GPU utilisation 0..1.", lambda g: g.utilization_ratio),
+    ("pitstop_gpu_power_watts", "gauge", "GPU power draw.", lambda g: g.power_watts),
+    ("pitstop_gpu_power_limit_watts", "gauge", "GPU power limit.", lambda g: g.power_limit_watts),
+    ("pitstop_gpu_ecc_uncorrected", "counter", "Uncorrected ECC errors.", lambda g: g.ecc_uncorrected_total),
+    ("pitstop_gpu_xid_events", "counter", "XID critical errors.", lambda g: g.xid_events_total),
+)
+
+
+def _eng(attr: str) -> ReplicaValue:
+    return lambda r: getattr(r.engine, attr) if r.engine is not None else None
+
+
+def _proc(attr: str) -> ReplicaValue:
+    return lambda r: getattr(r.process, attr) if r.process is not None else None
+
+
+def _bool(value: bool | None) -> float | None:
+    return None if value is None else float(value)
+
+
+REPLICA_SERIES: tuple[tuple[str, str, str, ReplicaValue], ...] = (
+    ("pitstop_replica_ready", "gauge", "1 when the replica takes traffic.", lambda r: float(r.ready)),
+    ("pitstop_replica_restarts", "counter", "Restarts after failures.", lambda r: r.restarts_total),
+    ("pitstop_replica_rss_bytes", "gauge", "Host RSS of the engine process tree.", _proc("rss_bytes")),
+    ("pitstop_replica_processes", "gauge", "Processes in the engine tree.", _proc("num_processes")),
+    ("pitstop_replica_gpu_memory_bytes", "gauge", "GPU memory of the engine processes.",
+     _proc("gpu_memory_bytes")),
+    ("pitstop_engine_requests_running", "gauge", "Requests running.", _eng("requests_running")),
+    ("pitstop_engine_requests_waiting", "gauge", "Requests waiting.", _eng("requests_waiting")),
+    ("pitstop_engine_kv_cache_usage_ratio", "gauge", "KV cache usage 0..1.", _eng("kv_cache_usage_ratio")),
+    ("pitstop_engine_e2e_p99_seconds", "gauge", "E2E latency p99 over the window.", _eng("e2e_p99_seconds")),
+    ("pitstop_engine_generation_tokens_per_second", "gauge", "Generation tokens per second.",
+     _eng("generation_tokens_per_second")),
+    ("pitstop_engine_requests_per_second", "gauge", "Finished requests per second.", _eng("requests_per_second")),
+    ("pitstop_engine_errors_per_second", "gauge", "Errored or aborted requests per second.",
+     _eng("errors_per_second")),
+    ("pitstop_engine_stalled", "gauge", "1 when work is queued and no token moved.",
+     lambda r: _bool(r.engine.stalled) if r.engine is not None else None),
+    ("pitstop_canary_ttft_seconds", "gauge", "TTFT of the last canary request.", lambda r: r.canary_ttft_seconds),
+    ("pitstop_canary_ok", "gauge", "1 when the last canary completed in time.", lambda r: _bool(r.canary_ok)),
+)
+
+QUANTILE_SERIES: tuple[tuple[str, str, str], ...] = (
+    ("pitstop_engine_ttft_seconds", "Time to first token over the last window.", "ttft"),
+    ("pitstop_engine_itl_seconds", "Inter-token latency over the last window.", "itl"),
+)
+QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))
+
+
+def _family(name: str, kind: str, doc: str, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
+    if kind == "counter":
+        return CounterMetricFamily(name, doc, labels=labels)
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+class AgentCollector(Collector):
+    """Yields the table's families from ``read()``, called once per scrape."""
+
+    def __init__(self, read: Callable[[], ExportState]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.read()
+        yield from self._gpu(state)
+        yield from self._replicas(state)
+
+    def _gpu(self, state: ExportState) -> Iterable[Metric]:
+        for name, kind, doc, value in GPU_SERIES:
+            family = _family(name, kind, doc, ["node", "gpu"])
+            for gpu in state.gpus:
+                v = value(gpu)
+                if v is not None:
+                    family.add_metric([state.node, str(gpu.index)], float(v))
+            yield family
+
+    def _replicas(self, state: ExportState) -> Iterable[Metric]:
+        labels = ["node", "replica", "model"]
+        states = GaugeMetricFamily("pitstop_replica_state", "1 for the replica's current state.",
+                                   labels=[*labels, "state"])
+        for r in state.replicas:
+            for s in ReplicaState:
+                states.add_metric([state.node, r.name, r.model, s.value], 1.0 if r.state == s else 0.0)
+        yield states
+        for name, kind, doc, value in REPLICA_SERIES:
+            family = _family(name, kind, doc, labels)
+            for r in state.replicas:
+                v = value(r)
+                if v is not None:
+                    family.add_metric([state.node, r.name, r.model], float(v))
+            yield family
+        for name, doc, prefix in QUANTILE_SERIES:
+            gauge = GaugeMetricFamily(name, doc, labels=[*labels, "quantile"])
+            for r in state.replicas:
+                for q, suffix in QUANTILES:
+                    v = getattr(r.engine, f"{prefix}_{suffix}_seconds") if r.engine is not None else None
+                    if v is not None:
+                        gauge.add_metric([state.node, r.name, r.model, q], float(v))
+            yield gauge
+        errors = CounterMetricFamily("pitstop_engine_scrape_errors", "Failed scrapes of the engine /metrics.",
+                                     labels=labels)
+        for r in state.replicas:
+            errors.add_metric([state.node, r.name, r.model], float(state.scrape_errors.get(r.name, 0)))
+        yield errors

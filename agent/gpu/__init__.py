@@ -1,0 +1,33 @@
+"""GPU readings behind one protocol: ``nvml`` (real), ``sim`` (simulator files), ``recorded`` (a fixture)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from agent.gpu.base import GpuBackend, GpuBackendError, GpuReading
+from agent.gpu.recorded import RecordedGpuBackend
+from agent.gpu.sim import SimGpuBackend
+
+__all__ = ["GpuBackend", "GpuBackendError", "GpuReading", "open_backend"]
+
+log = logging.getLogger(__name__)
+
+
+def open_backend(kind: str, sim_dir: Path, sim_count: int = 1, recorded: Path | None = None) -> GpuBackend:
+    """The configured backend; ``auto`` is NVML when it initialises, else the simulator's files."""
+    if kind == "recorded":
+        if recorded is None:
+            raise GpuBackendError("gpu_backend 'recorded' needs recorded_gpu_file")
+        return RecordedGpuBackend(recorded)
+    if kind == "sim":
+        return SimGpuBackend(sim_dir, sim_count)
+    from agent.gpu.nvml import NvmlGpuBackend
+
+    if kind == "nvml":
+        return NvmlGpuBackend()
+    try:
+        return NvmlGpuBackend()
+    except GpuBackendError as exc:
+        log.info("no NVML (%s); reading simulated GPUs from %s", exc, sim_dir)
+        return SimGpuBackend(sim_dir, sim_count)

@@ -1,0 +1,141 @@
+"""The real GPU backend: NVIDIA's NVML through nvidia-ml-py (``import pynvml``).
+
+Thresholds are read, not hard-coded (an H200 reports its own 89 °C slowdown). XID critical errors are
+counted from an NVML event set drained on every read: a count, never a sticky last value, so an alert can
+fire on ``increase()``. Every field that the driver does not support reads as ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
+
+from agent.gpu.base import GpuBackendError, GpuReading
+from agent.wire import GpuSample
+
+T = TypeVar("T")
+
+# NVML clocks-event reason bits (nvmlClocksEventReason*), named like dcgm-exporter's labels.
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x01: "gpu_idle",
+    0x02: "applications_clocks_setting",
+    0x04: "sw_power_cap",
+    0x08: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+def decode_reasons(mask: int) -> list[str]:
+    return [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
+
+
+class NvmlGpuBackend:
+    name = "nvml"
+
+    def __init__(self) -> None:
+        try:
+            import pynvml
+        except ImportError as exc:  # the agent extra was not installed
+            raise GpuBackendError("nvidia-ml-py is not installed") from exc
+        self.nvml: Any = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise GpuBackendError(f"NVML did not initialise: {exc}") from exc
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self.xids: dict[int, int] = {i: 0 for i in range(len(self.handles))}
+        self.last_xid: dict[int, int] = {}
+        self.events: Any = None
+        try:
+            self.events = pynvml.nvmlEventSetCreate()
+            for handle in self.handles:
+                self._try(partial(pynvml.nvmlDeviceRegisterEvents, handle,
+                                  pynvml.nvmlEventTypeXidCriticalError, self.events))
+        except pynvml.NVMLError:  # events unsupported (some VMs): XIDs read 0, the rest still works
+            self.events = None
+
+    def _try(self, fn: Callable[[], T]) -> T | None:
+        try:
+            return fn()
+        except self.nvml.NVMLError:
+            return None
+
+    def _drain_xids(self) -> None:
+        nvml = self.nvml
+        if self.events is None:
+            return
+        index_of = {id(h): i for i, h in enumerate(self.handles)}
+        while True:
+            try:
+                data = nvml.nvmlEventSetWait_v2(self.events, 0)
+            except nvml.NVMLError:  # NVML_ERROR_TIMEOUT: no more pending events
+                return
+            found = self._try(partial(nvml.nvmlDeviceGetIndex, data.device))
+            index = int(found) if found is not None else index_of.get(id(data.device), 0)
+            self.xids[index] = self.xids.get(index, 0) + 1
+            self.last_xid[index] = int(data.eventData)
+
+    def _sample(self, index: int, handle: Any, per_pid: dict[int, int]) -> GpuSample:
+        nvml = self.nvml
+        t = self._try
+        memory = t(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+        util = t(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
+        power = t(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+        limit = t(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+        reasons = t(lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+        if reasons is None:
+            reasons = t(lambda: nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+        ecc = t(lambda: nvml.nvmlDeviceGetTotalEccErrors(
+            handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC))
+        for proc in t(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle)) or []:
+            used = getattr(proc, "usedGpuMemory", None)
+            if isinstance(used, int):
+                per_pid[int(proc.pid)] = per_pid.get(int(proc.pid), 0) + used
+        uuid = t(lambda: nvml.nvmlDeviceGetUUID(handle))
+        name = t(lambda: nvml.nvmlDeviceGetName(handle))
+        return GpuSample(
+            index=index,
+            uuid=_text(uuid) or f"GPU-unknown-{index}",
+            name=_text(name) or "unknown",
+            temperature_celsius=_float(t(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
+            slowdown_temperature_celsius=_float(t(lambda: nvml.nvmlDeviceGetTemperatureThreshold(
+                handle, nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN))),
+            shutdown_temperature_celsius=_float(t(lambda: nvml.nvmlDeviceGetTemperatureThreshold(
+                handle, nvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN))),
+            memory_used_bytes=int(memory.used) if memory is not None else None,
+            memory_total_bytes=int(memory.total) if memory is not None else None,
+            utilization_ratio=min(1.0, util.gpu / 100.0) if util is not None else None,
+            power_watts=power / 1000.0 if power is not None else None,
+            power_limit_watts=limit / 1000.0 if limit is not None else None,
+            throttle_reasons=decode_reasons(int(reasons)) if reasons is not None else [],
+            ecc_uncorrected_total=int(ecc) if ecc is not None else None,
+            xid_events_total=self.xids.get(index, 0),
+            last_xid=self.last_xid.get(index),
+        )
+
+    def read(self) -> GpuReading:
+        self._drain_xids()
+        per_pid: dict[int, int] = {}
+        gpus = [self._sample(i, h, per_pid) for i, h in enumerate(self.handles)]
+        return GpuReading(gpus=gpus, process_memory=per_pid)
+
+    def close(self) -> None:
+        if self.events is not None:
+            self._try(lambda: self.nvml.nvmlEventSetFree(self.events))
+            self.events = None
+        self._try(self.nvml.nvmlShutdown)
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None

@@ -1,0 +1,48 @@
+"""A GPU backend that replays recorded readings from a JSON fixture, for tests and demos.
+
+Format: ``{"frames": [{"gpus": [GpuSample fields...], "processes": {"<pid>": bytes}}, ...]}``. Each
+``read`` returns the next frame; the last frame repeats once the recording runs out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from agent.gpu.base import GpuBackendError, GpuReading
+from agent.wire import GpuSample
+
+
+def _frame(raw: Any, source: Path, n: int) -> GpuReading:
+    try:
+        gpus = [GpuSample.model_validate(g) for g in raw.get("gpus", [])]
+        procs = {int(pid): int(b) for pid, b in dict(raw.get("processes", {})).items()}
+    except (ValidationError, AttributeError, TypeError, ValueError) as exc:
+        raise GpuBackendError(f"{source}: frame {n}: {exc}") from exc
+    return GpuReading(gpus=gpus, process_memory=procs)
+
+
+class RecordedGpuBackend:
+    name = "recorded"
+
+    def __init__(self, path: Path) -> None:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise GpuBackendError(f"{path}: cannot load GPU recording: {exc}") from exc
+        frames = data.get("frames") if isinstance(data, dict) else None
+        if not isinstance(frames, list) or not frames:
+            raise GpuBackendError(f"{path}: a GPU recording needs a non-empty 'frames' list")
+        self._frames = [_frame(f, path, i) for i, f in enumerate(frames)]
+        self._next = 0
+
+    def read(self) -> GpuReading:
+        frame = self._frames[min(self._next, len(self._frames) - 1)]
+        self._next += 1
+        return frame
+
+    def close(self) -> None:
+        return None

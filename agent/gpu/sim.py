@@ -1,0 +1,131 @@
+"""A GPU backend that reads the engine simulator's per-process JSON files (no GPU needed).
+
+The simulator writes one file per (gpu, pid), ``gpu<index>-<pid>.json``, with keys pid, gpu_index, uuid, name,
+updated_at, memory_total_bytes, memory_used_bytes (that process's), utilization_ratio, power_watts,
+power_limit_watts, temperature_celsius, slowdown_temperature_celsius, shutdown_temperature_celsius and
+xid_events ``[{code, at}]``. Per GPU index, over files whose pid is alive: memory is the sum, utilisation and
+temperature the maximum, power is idle plus the sum capped at the limit, XID events are counted (each event
+once, so the total never goes down when a file disappears). An index with no file reads as an idle GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from agent.gpu.base import GpuReading
+from agent.wire import GpuSample
+
+FILE_PATTERN = re.compile(r"^gpu(\d+)-(\d+)\.json$")
+
+
+@dataclass(frozen=True)
+class IdleGpu:
+    """What a simulated GPU reads with nothing on it (an H200's figures)."""
+
+    name: str = "NVIDIA H200 (simulated)"
+    memory_total_bytes: int = 150_754_820_096
+    power_watts: float = 75.0
+    power_limit_watts: float = 700.0
+    temperature_celsius: float = 32.0
+    slowdown_temperature_celsius: float = 89.0
+    shutdown_temperature_celsius: float = 95.0  # what an H200's NVML reports
+
+
+def _num(raw: dict[str, Any], key: str) -> float | None:
+    value = raw.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+class SimGpuBackend:
+    name = "sim"
+
+    def __init__(self, directory: Path, count: int = 1, idle: IdleGpu | None = None,
+                 pid_alive: Callable[[int], bool] = psutil.pid_exists) -> None:
+        self.directory = directory
+        self.count = count
+        self.idle = idle or IdleGpu()
+        self.pid_alive = pid_alive
+        self._xids_seen: dict[int, set[tuple[int, int, str]]] = {}
+        self._last_xid: dict[int, int] = {}
+
+    def _load(self) -> dict[int, list[dict[str, Any]]]:
+        by_index: dict[int, list[dict[str, Any]]] = {i: [] for i in range(self.count)}
+        try:
+            paths = sorted(self.directory.iterdir())
+        except OSError:  # no directory yet: nothing runs on the simulated GPUs
+            return by_index
+        for path in paths:
+            match = FILE_PATTERN.match(path.name)
+            if match is None:
+                continue
+            index, pid = int(match.group(1)), int(match.group(2))
+            if index not in by_index or not self.pid_alive(pid):
+                continue
+            try:
+                raw = json.loads(path.read_text())
+            except (OSError, ValueError):  # mid-write or removed: skip this round, read it next time
+                continue
+            if isinstance(raw, dict):
+                raw.setdefault("pid", pid)
+                by_index[index].append(raw)
+        return by_index
+
+    def _aggregate(self, index: int, files: list[dict[str, Any]]) -> GpuSample:
+        idle = self.idle
+        seen = self._xids_seen.setdefault(index, set())
+        for raw in files:
+            for event in raw.get("xid_events") or []:
+                if isinstance(event, dict) and isinstance(event.get("code"), int):
+                    key = (int(raw["pid"]), event["code"], str(event.get("at")))
+                    if key not in seen:
+                        seen.add(key)
+                        self._last_xid[index] = event["code"]
+
+        def values(key: str) -> list[float]:
+            return [v for v in (_num(r, key) for r in files) if v is not None]
+
+        limit = max(values("power_limit_watts"), default=idle.power_limit_watts)
+        power = min(limit, idle.power_watts + sum(values("power_watts")))
+        temperature = max(values("temperature_celsius"), default=idle.temperature_celsius)
+        slowdown = max(values("slowdown_temperature_celsius"), default=idle.slowdown_temperature_celsius)
+        throttle = ["hw_thermal_slowdown"] if temperature >= slowdown else []
+        first = files[0] if files else {}
+        return GpuSample(
+            index=index,
+            uuid=str(first.get("uuid") or f"GPU-00000000-0000-0000-0000-{index:012d}"),
+            name=str(first.get("name") or idle.name),
+            temperature_celsius=temperature,
+            slowdown_temperature_celsius=slowdown,
+            shutdown_temperature_celsius=max(values("shutdown_temperature_celsius"),
+                                             default=idle.shutdown_temperature_celsius),
+            memory_used_bytes=int(sum(values("memory_used_bytes"))),
+            memory_total_bytes=int(max(values("memory_total_bytes"), default=idle.memory_total_bytes)),
+            utilization_ratio=min(1.0, max(0.0, max(values("utilization_ratio"), default=0.0))),
+            power_watts=power,
+            power_limit_watts=limit,
+            throttle_reasons=throttle,
+            ecc_uncorrected_total=0,
+            xid_events_total=len(seen),
+            last_xid=self._last_xid.get(index),
+        )
+
+    def read(self) -> GpuReading:
+        by_index = self._load()
+        per_pid: dict[int, int] = {}
+        for files in by_index.values():
+            for raw in files:
+                used = _num(raw, "memory_used_bytes")
+                if used is not None:
+                    per_pid[int(raw["pid"])] = per_pid.get(int(raw["pid"]), 0) + int(used)
+        gpus = [self._aggregate(i, files) for i, files in sorted(by_index.items())]
+        return GpuReading(gpus=gpus, process_memory=per_pid)
+
+    def close(self) -> None:
+        return None

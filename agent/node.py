@@ -1,0 +1,238 @@
+"""The running agent: replica supervisors, the collector, the reporter and the HTTP API in one asyncio loop.
+
+Task layout (one ``TaskGroup``): one task per replica (``ReplicaSupervisor.run`` or ``AttachedReplica.run``),
+one collector (GPU read, engine scrapes, process trees, canaries every ``scrape_interval``), one reporter
+(every ``report_interval``, or what the control plane asks), and uvicorn. When ``stop`` is set every managed
+replica drains and stops before the agent returns; if any task fails, the group cancels the others and each
+supervisor still kills its engine's process group on the way out, so no engine outlives the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Generator
+from datetime import datetime
+
+import httpx
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from agent.api import create_app
+from agent.attached import AttachedReplica
+from agent.config import AgentConfig
+from agent.desired import DesiredStore, plan_wants
+from agent.exporter import AgentCollector, ExportState
+from agent.gpu import GpuBackend
+from agent.probes import stream_completion
+from agent.process_tree import ProcessTreeSampler
+from agent.reporter import Reporter, ReportError, report_retry_delay
+from agent.scrape import EngineScraper
+from agent.states import utc_now
+from agent.supervisor import ReplicaSupervisor
+from agent.wire import (
+    PROTOCOL_VERSION,
+    DesiredState,
+    GpuSample,
+    NodeReport,
+    ReplicaEvent,
+    ReplicaState,
+    ReplicaStatus,
+)
+from pitstop import __version__
+
+log = logging.getLogger(__name__)
+S = ReplicaState
+Replica = ReplicaSupervisor | AttachedReplica
+
+# States in which the engine answers HTTP and its /metrics mean something.
+SCRAPE_STATES = frozenset({S.WARMING, S.READY, S.DRAINING, S.ATTACHED})
+CANARY_STATES = frozenset({S.READY, S.ATTACHED})
+MAX_REPORT_EVENTS = 1000
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the agent owns SIGINT/SIGTERM (it must stop engines first)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.listening = asyncio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.listening.set()
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, client: httpx.AsyncClient, gpu: GpuBackend, *,
+                 wall: Callable[[], datetime] = utc_now, poll_interval: float = 0.5) -> None:
+        self.config = config
+        self.node = config.node
+        self.client = client
+        self.gpu = gpu
+        self.wall = wall
+        self.state_dir = config.resolved_state_dir
+        self.replicas: dict[str, Replica] = {}
+        for spec in config.replicas:
+            if spec.managed:
+                env = {"PITSTOP_SIM_GPU_DIR": str(config.sim_gpu_dir)} if spec.engine == "sim" else {}
+                self.replicas[spec.name] = ReplicaSupervisor(spec, client, self.state_dir, config.backoff,
+                                                             wall=wall, poll_interval=poll_interval,
+                                                             extra_env=env)
+            else:
+                self.replicas[spec.name] = AttachedReplica(spec, client, config.scrape_interval, wall=wall)
+        self.scrapers = {name: EngineScraper(client, r.spec.base_url, r.model_name, _loop_time,
+                                             timeout=max(10.0, r.spec.probe_timeout))
+                         for name, r in self.replicas.items()}
+        self.samplers = {name: ProcessTreeSampler() for name in self.replicas}
+        self.gpus: list[GpuSample] = []
+        self.sequence = 0
+        self.desired_store = DesiredStore(self.state_dir)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(AgentCollector(self.export_state))
+        self.reporter = (Reporter(client, config.control_plane, self.node, config.token)
+                         if config.control_plane else None)
+        self._ticks = 0
+        self.bound_port: int | None = None
+
+    # ---- views ------------------------------------------------------------------------------------------
+    def statuses(self) -> list[ReplicaStatus]:
+        return [r.status() for r in self.replicas.values()]
+
+    def export_state(self) -> ExportState:
+        return ExportState(node=self.node, gpus=list(self.gpus), replicas=self.statuses(),
+                           scrape_errors={n: s.errors_total for n, s in self.scrapers.items()})
+
+    # ---- desired state ----------------------------------------------------------------------------------
+    def apply_desired(self, desired: DesiredState) -> None:
+        managed = {n: r for n, r in self.replicas.items() if isinstance(r, ReplicaSupervisor)}
+        for name, want in plan_wants(desired, {n: r.want for n, r in managed.items()}).items():
+            log.info("replica %s: desired generation %d (enabled=%s, args=%s)", name, want.generation,
+                     want.enabled, want.args)
+            managed[name].machine.note("desired", f"generation {want.generation}, enabled={want.enabled}, "
+                                                  f"args={want.args}")
+            managed[name].set_want(want)
+
+    # ---- collection -------------------------------------------------------------------------------------
+    async def collect_once(self) -> None:
+        reading = await asyncio.to_thread(self.gpu.read)  # NVML calls block
+        self.gpus = reading.gpus
+        canary = self.config.canary_every > 0 and self._ticks % self.config.canary_every == 0
+        self._ticks += 1
+        await asyncio.gather(*(self._collect_replica(n, r, reading.process_memory, canary)
+                               for n, r in self.replicas.items()))
+
+    async def _collect_replica(self, name: str, replica: Replica, gpu_memory: dict[int, int],
+                               canary: bool) -> None:
+        scraper = self.scrapers[name]
+        if replica.state in SCRAPE_STATES:
+            was_stalled = scraper.last.stalled if scraper.last is not None else None
+            replica.engine = await scraper.scrape()
+            if replica.engine.stalled and not was_stalled:
+                replica.machine.note("stall", "requests queued or running, generation tokens not moving")
+        else:
+            scraper.forget()
+            replica.engine = None
+        replica.process = self.samplers[name].sample(replica.pid, gpu_memory) if replica.managed else None
+        if canary and replica.state in CANARY_STATES:
+            result = await stream_completion(self.client, replica.spec.base_url, replica.model_name, "ping", 4,
+                                             self.config.canary_timeout, asyncio.get_running_loop().time)
+            replica.canary_ok, replica.canary_ttft = result.ok, result.ttft_seconds
+            if not result.ok:
+                replica.machine.note("canary", f"canary failed: {result.error}")
+
+    async def _collect_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.collect_once()
+            await _wait(stop, self.config.scrape_interval)
+
+    # ---- reporting --------------------------------------------------------------------------------------
+    def build_report(self) -> NodeReport:
+        events: list[ReplicaEvent] = []
+        for replica in self.replicas.values():
+            events.extend(replica.machine.drain_events())
+        events.sort(key=lambda e: e.at)
+        self.sequence += 1
+        return NodeReport(
+            protocol_version=PROTOCOL_VERSION, node=self.node, hostname=socket.gethostname(),
+            agent_version=__version__, agent_url=f"http://{self.config.host}:{self.bound_port or self.config.port}",
+            sent_at=self.wall(), sequence=self.sequence, gpus=self.gpus, replicas=self.statuses(),
+            events=events[-MAX_REPORT_EVENTS:])
+
+    def _requeue(self, report: NodeReport) -> None:
+        for name, replica in self.replicas.items():
+            replica.machine.requeue([e for e in report.events if e.replica == name])
+
+    async def report_once(self) -> DesiredState:
+        """Send one report; apply and persist the answer. Raises ``ReportError`` (events are kept)."""
+        assert self.reporter is not None
+        report = self.build_report()
+        try:
+            desired = await self.reporter.send(report)
+        except ReportError:
+            self._requeue(report)
+            raise
+        self.desired_store.save(desired)
+        self.apply_desired(desired)
+        return desired
+
+    async def _report_loop(self, stop: asyncio.Event) -> None:
+        failures = 0
+        interval = self.config.report_interval
+        while self.reporter is not None and not stop.is_set():
+            try:
+                desired = await self.report_once()
+            except ReportError as exc:
+                if failures == 0:  # once per outage, not once per attempt
+                    log.warning("control plane unreachable (%s); supervising on the last desired state", exc)
+                failures += 1
+                await _wait(stop, report_retry_delay(failures, interval))
+                continue
+            if failures:
+                log.info("control plane reachable again after %d failed reports", failures)
+            failures = 0
+            interval = desired.report_interval_seconds or self.config.report_interval
+            await _wait(stop, interval)
+
+    # ---- lifecycle --------------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        """Run until ``stop`` is set; then drain and stop every managed replica, and return."""
+        saved = self.desired_store.load()
+        if saved is not None:
+            self.apply_desired(saved)
+        app = create_app(self)
+        server = _EmbeddedServer(uvicorn.Config(app, host=self.config.host, port=self.config.port,
+                                                log_level="warning", lifespan="off", access_log=False))
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(r.run(), name=f"replica-{n}") for n, r in self.replicas.items()]
+            tg.create_task(self._collect_loop(stop), name="collector")
+            tg.create_task(self._report_loop(stop), name="reporter")
+            tg.create_task(server.serve(), name="http")
+            await server.listening.wait()
+            self.bound_port = server.servers[0].sockets[0].getsockname()[1] if server.servers else None
+            log.info("agent %s listening on %s:%s with %d replicas", self.node, self.config.host,
+                     self.bound_port, len(self.replicas))
+            if ready is not None:
+                ready.set()
+            await stop.wait()
+            for replica in self.replicas.values():
+                replica.request_shutdown()
+            if tasks:
+                await asyncio.wait(tasks)
+            server.should_exit = True
+        self.gpu.close()
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

@@ -1,0 +1,86 @@
+"""Requests the agent makes to an engine: readiness, warmup/canary completions, and in-flight work.
+
+``/health`` alone is not readiness: it answers 200 before the model is served and even on a wedged
+EngineCore (vLLM #39863), so STARTING ends only when ``/v1/models`` lists the model too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from agent.engine_metrics import MetricsParseError, parse_metrics
+
+
+async def engine_ready(client: httpx.AsyncClient, base_url: str, model: str, request_timeout: float) -> bool:
+    """``/health`` is 200 and ``/v1/models`` lists ``model`` (any model when ``model`` is empty)."""
+    try:
+        health = await client.get(f"{base_url}/health", timeout=request_timeout)
+        if health.status_code != 200:
+            return False
+        models = await client.get(f"{base_url}/v1/models", timeout=request_timeout)
+        if models.status_code != 200:
+            return False
+        ids = [m.get("id") for m in models.json().get("data", []) if isinstance(m, dict)]
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
+    return bool(ids) and (not model or model in ids)
+
+
+async def engine_alive(client: httpx.AsyncClient, base_url: str, request_timeout: float) -> bool:
+    try:
+        return (await client.get(f"{base_url}/health", timeout=request_timeout)).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@dataclass(frozen=True)
+class CompletionResult:
+    ok: bool
+    ttft_seconds: float | None = None
+    error: str | None = None
+
+
+async def stream_completion(client: httpx.AsyncClient, base_url: str, model: str, prompt: str, max_tokens: int,
+                            request_timeout: float, clock: Callable[[], float]) -> CompletionResult:
+    """One streaming completion with a deadline; TTFT is the time to the first data chunk with text."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0}
+    started = clock()
+    ttft = None
+    try:
+        async with client.stream("POST", f"{base_url}/v1/completions", json=body, timeout=request_timeout) as response:
+            if response.status_code != 200:
+                await response.aread()
+                return CompletionResult(False, error=f"HTTP {response.status_code}: {response.text[:200]}")
+            async for line in response.aiter_lines():
+                if clock() - started > request_timeout:
+                    return CompletionResult(False, ttft, f"no completion within {request_timeout:g}s")
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    return CompletionResult(True, ttft)
+                if ttft is None:
+                    chunk = json.loads(payload)
+                    if "error" in chunk:
+                        return CompletionResult(False, None, str(chunk["error"])[:200])
+                    ttft = clock() - started
+    except (httpx.HTTPError, ValueError) as exc:
+        return CompletionResult(False, ttft, f"{type(exc).__name__}: {exc}"[:300])
+    return CompletionResult(False, ttft, "stream ended without [DONE]")
+
+
+async def in_flight(client: httpx.AsyncClient, base_url: str, model: str, request_timeout: float) -> float | None:
+    """Requests running plus waiting, from the engine's /metrics; ``None`` when it cannot be read."""
+    try:
+        response = await client.get(f"{base_url}/metrics", timeout=request_timeout)
+        response.raise_for_status()
+        snap = parse_metrics(response.text, 0.0, model or None)
+    except (httpx.HTTPError, MetricsParseError):
+        return None
+    if "running" not in snap.values and "waiting" not in snap.values:
+        return None
+    return snap.values.get("running", 0.0) + snap.values.get("waiting", 0.0)

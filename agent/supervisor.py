@@ -1,0 +1,320 @@
+"""Supervision of one managed replica: one asyncio task drives its state machine (see ``agent.states``).
+
+The task reacts to three things only: the engine process exiting, a phase finishing (ready, warmed, drained,
+backoff elapsed), and a change of what is wanted (a new desired generation, disabled, agent shutdown), which
+sets ``wake``. Any exit the supervisor did not ask for is a failure whatever the exit code: vLLM's API server
+exits 0 when its EngineCore dies (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import httpx
+
+from agent.backoff import FailureWindow
+from agent.config import BackoffConfig, ReplicaConfig
+from agent.engine_proc import EngineProcess
+from agent.pidfile import PidFile, end_group
+from agent.probes import engine_ready, in_flight, stream_completion
+from agent.states import RUNNING_STATES, ReplicaMachine, utc_now
+from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus
+
+log = logging.getLogger(__name__)
+S = ReplicaState
+T = TypeVar("T")
+Outcome = Literal["done", "exit", "wake", "timeout"]
+
+
+@dataclass(frozen=True)
+class Want:
+    """What the replica should be doing: run ``args`` at ``generation``, or be stopped."""
+
+    enabled: bool
+    generation: int
+    args: list[str] = field(default_factory=list)
+
+
+def served_model_name(model: str, args: list[str]) -> str:
+    """The name the engine lists in /v1/models: ``--served-model-name`` if given, else the model."""
+    for i, arg in enumerate(args):
+        if arg == "--served-model-name" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--served-model-name="):
+            return arg.split("=", 1)[1]
+    return model
+
+
+class ReplicaSupervisor:
+    """Starts, warms, watches, drains and stops one engine replica."""
+
+    managed = True
+
+    def __init__(self, spec: ReplicaConfig, client: httpx.AsyncClient, state_dir: Path, backoff: BackoffConfig,
+                 *, wall: Callable[[], datetime] = utc_now, mono: Callable[[], float] | None = None,
+                 poll_interval: float = 0.5, extra_env: dict[str, str] | None = None) -> None:
+        self.spec = spec
+        self.client = client
+        self.log_path = state_dir / "logs" / f"{spec.name}.log"
+        self.pidfile = PidFile(state_dir / "run" / f"{spec.name}.pid")
+        self.mono = mono or (lambda: asyncio.get_running_loop().time())
+        self.poll_interval = poll_interval
+        self.extra_env = extra_env or {}
+        self.machine = ReplicaMachine(spec.name, S.STOPPED, wall)
+        self.window = FailureWindow(backoff.max_failures, backoff.window, backoff.base, backoff.cap)
+        self.want = Want(spec.enabled, 0, list(spec.args))
+        self.generation = 0
+        self.args = list(spec.args)
+        self.proc: EngineProcess | None = None
+        self.restarts_total = 0
+        self.last_exit_code: int | None = None
+        self.log_tail: list[str] = []
+        self.engine: EngineSample | None = None
+        self.process: ProcessSample | None = None
+        self.canary_ttft: float | None = None
+        self.canary_ok: bool | None = None
+        self._backoff_until = 0.0
+        self._wake = asyncio.Event()
+        self._shutdown = False
+
+    # ---- what is wanted -------------------------------------------------------------------------------
+    def set_want(self, want: Want) -> None:
+        self.want = want
+        self._wake.set()
+
+    def request_shutdown(self) -> None:
+        self._shutdown = True
+        self._wake.set()
+
+    def _want_running(self) -> bool:
+        return self.want.enabled and not self._shutdown
+
+    def _interrupted(self) -> bool:
+        """The running engine is no longer what is wanted."""
+        return not self._want_running() or self.want.generation != self.generation
+
+    # ---- status -----------------------------------------------------------------------------------------
+    @property
+    def state(self) -> ReplicaState:
+        return self.machine.state
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.state in RUNNING_STATES | {S.STOPPING} else None
+
+    @property
+    def model_name(self) -> str:
+        return served_model_name(self.spec.model, self.args)
+
+    def status(self) -> ReplicaStatus:
+        return ReplicaStatus(
+            name=self.spec.name, model=self.spec.model, url=self.spec.base_url, state=self.state,
+            ready=self.state == S.READY, managed=True, gpus=self.spec.gpus, generation=self.generation,
+            engine_args=self.args, restarts_total=self.restarts_total, state_since=self.machine.since,
+            last_exit_code=self.last_exit_code, log_tail=self.log_tail[-200:], engine=self.engine,
+            process=self.process, canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok)
+
+    # ---- the task ---------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Drive the state machine until shutdown; the engine is stopped on the way out, whatever happens."""
+        await self._end_leftover()
+        try:
+            while not (self._shutdown and self.state in (S.STOPPED, S.FATAL)):
+                state = self.state
+                if state == S.STOPPED:
+                    if self._want_running():
+                        await self._start()
+                    else:
+                        await self._phase(None, None)
+                elif state == S.READY:
+                    await self._serve()
+                elif state == S.BACKOFF:
+                    await self._backoff()
+                elif state == S.FATAL:
+                    await self._fatal()
+                else:  # only the phases above leave the machine between iterations
+                    raise RuntimeError(f"replica {self.spec.name}: unexpected resting state {state}")
+        finally:
+            if self.proc is not None:
+                await self.proc.kill()
+                self.proc = None
+                self.pidfile.clear()
+
+    async def _end_leftover(self) -> None:
+        pid = self.pidfile.leftover()
+        if pid is not None:
+            self.machine.note("orphan", f"ending engine {pid} left by a previous agent")
+            log.warning("replica %s: ending engine %d left by a previous agent", self.spec.name, pid)
+            await asyncio.to_thread(end_group, pid, self.spec.stop_timeout)
+        self.pidfile.clear()
+
+    async def _phase(self, work: Awaitable[T] | None, limit: float | None) -> tuple[Outcome, T | None]:
+        """Wait for ``work``, the engine's exit, or a wake-up, whichever comes first."""
+        waiters: dict[asyncio.Future[Any], Outcome] = {}
+        work_task = asyncio.ensure_future(work) if work is not None else None
+        if work_task is not None:
+            waiters[work_task] = "done"
+        if self.proc is not None:
+            waiters[asyncio.ensure_future(self.proc.proc.wait())] = "exit"
+        self._wake.clear()
+        wake_task: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
+        waiters[wake_task] = "wake"
+        try:
+            done, _ = await asyncio.wait(waiters, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in waiters:
+                if not fut.done():
+                    fut.cancel()
+        for outcome in ("exit", "done", "wake"):
+            for fut in done:
+                if waiters[fut] == outcome:
+                    return outcome, (fut.result() if outcome == "done" else None)
+        return "timeout", None
+
+    async def _start(self) -> None:
+        if self.state in (S.BACKOFF, S.FATAL) and self.want.generation == self.generation:
+            self.restarts_total += 1
+        self.generation, self.args = self.want.generation, list(self.want.args)
+        argv = self.spec.argv(self.args)
+        self.machine.to(S.STARTING, f"generation {self.generation}: {' '.join(argv)}")
+        env = {**os.environ, **self.extra_env, **self.spec.env,
+               "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.spec.gpus)}
+        try:
+            self.proc = await EngineProcess.spawn(argv, env, self.log_path, self.spec.log_max_bytes,
+                                                  self.spec.log_backups)
+        except OSError as exc:
+            await self._failed(f"cannot start {argv[0]!r}: {exc}")
+            return
+        self.pidfile.write(self.proc.pid)
+        if await self._until_ready() and await self._warm():
+            self.machine.to(S.READY, "warm and serving")
+
+    async def _until_ready(self) -> bool:
+        deadline = self.mono() + self.spec.start_timeout
+        while True:
+            if self._interrupted():
+                await self._stop("start interrupted")
+                return False
+            remaining = deadline - self.mono()
+            if remaining <= 0:
+                await self._failed(f"not ready within start_timeout {self.spec.start_timeout:g}s")
+                return False
+            probe = engine_ready(self.client, self.spec.base_url, self.model_name, self.spec.probe_timeout)
+            outcome, ready = await self._phase(probe, remaining)
+            if outcome == "exit":
+                await self._failed("engine exited while starting")
+                return False
+            if outcome == "done" and ready:
+                self.machine.to(S.WARMING, "health 200 and model listed")
+                return True
+            if outcome == "done":
+                await self._phase(asyncio.sleep(min(self.poll_interval, max(0.0, remaining))), None)
+
+    async def _warm(self) -> bool:
+        warmup = self.spec.warmup
+        n = 0
+        while n < warmup.requests:
+            if self._interrupted():
+                await self._stop("warmup interrupted")
+                return False
+            request = stream_completion(self.client, self.spec.base_url, self.model_name, warmup.prompt,
+                                        warmup.max_tokens, warmup.timeout, self.mono)
+            outcome, result = await self._phase(request, warmup.timeout + 1.0)
+            if outcome == "exit":
+                await self._failed("engine exited while warming up")
+                return False
+            if outcome == "wake":
+                continue  # the loop head decides whether the wish still allows warming up
+            if outcome == "timeout" or result is None or not result.ok:
+                error = result.error if result is not None else "timed out"
+                await self._failed(f"warmup request {n + 1} failed: {error}")
+                return False
+            n += 1
+        return True
+
+    async def _serve(self) -> None:
+        # Check before waiting: a wish that arrived while we were busy elsewhere already cleared ``wake``.
+        outcome = "wake" if self._interrupted() else (await self._phase(None, None))[0]
+        if outcome == "exit":
+            await self._failed("engine exited while serving")
+        elif self._interrupted():
+            await self._drain_and_stop()
+
+    async def _drain_and_stop(self) -> None:
+        # Readiness goes off with READY -> DRAINING, so the load balancer stops sending before SIGTERM
+        # (DESIGN.md: SIGTERM aborts in-flight requests unless --shutdown-timeout > 0).
+        self.machine.to(S.DRAINING, "readiness off; waiting for in-flight requests")
+        deadline = self.mono() + self.spec.drain_timeout
+        while self.mono() < deadline:
+            outcome, busy = await self._phase(
+                in_flight(self.client, self.spec.base_url, self.model_name, self.spec.probe_timeout),
+                max(0.0, deadline - self.mono()))
+            if outcome == "exit":
+                await self._reap("engine exited while draining")
+                self.machine.to(S.STOPPED, "exited during drain")
+                return
+            if outcome == "done" and busy == 0:
+                break
+            await self._phase(asyncio.sleep(self.poll_interval), None)
+        await self._stop("drained" if self.mono() < deadline else "drain deadline passed")
+
+    async def _stop(self, reason: str) -> None:
+        self.machine.to(S.STOPPING, reason)
+        if self.proc is not None:
+            self.last_exit_code = await self.proc.stop(self.spec.stop_timeout)
+            self.proc = None
+            self.pidfile.clear()
+        self.machine.to(S.STOPPED, f"stopped (exit code {self.last_exit_code})")
+
+    async def _reap(self, reason: str) -> None:
+        if self.proc is None:
+            return
+        code = await self.proc.wait()
+        await self.proc.kill()  # the leader is gone; its children must not outlive it
+        self.last_exit_code = code
+        self.log_tail = list(self.proc.tail)
+        self.proc = None
+        self.pidfile.clear()
+        self.machine.note("exit", f"{reason} (exit code {code})")
+
+    async def _failed(self, reason: str) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            await self.proc.kill()
+        await self._reap(reason)
+        delay = self.window.record(self.mono())
+        if delay is None:
+            self.machine.to(S.BACKOFF, reason)
+            self.machine.to(S.FATAL, f"{self.window.recent} failures within {self.window.window:g}s")
+            log.error("replica %s is FATAL: %s", self.spec.name, reason)
+            return
+        self._backoff_until = self.mono() + delay
+        self.machine.to(S.BACKOFF, f"{reason}; restart in {delay:g}s")
+        log.warning("replica %s failed: %s; restarting in %gs", self.spec.name, reason, delay)
+
+    async def _backoff(self) -> None:
+        remaining = self._backoff_until - self.mono()
+        if remaining > 0:
+            await self._phase(asyncio.sleep(remaining), remaining + 1.0)
+            if self._want_running() and self.mono() < self._backoff_until \
+                    and self.want.generation == self.generation:
+                return  # woken for nothing that matters here: keep waiting
+        if not self._want_running():
+            self.machine.to(S.STOPPED, "stopped while backing off")
+        else:
+            await self._start()
+
+    async def _fatal(self) -> None:
+        if self._want_running() and self.want.generation == self.generation:
+            await self._phase(None, None)
+        if not self._want_running():
+            self.machine.to(S.STOPPED, "stopped while FATAL")
+        elif self.want.generation != self.generation:
+            self.window.reset()
+            await self._start()

@@ -1,0 +1,230 @@
+"""The agent as a real process supervising simulated vLLM engines (``pitstop sim serve``) on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from agent.wire import DesiredState, ReplicaSpec
+from tests.agent.conftest import AgentProcess, ControlPlaneStandIn, group_alive
+from tests.helpers import free_port, wait_until
+
+pytestmark = pytest.mark.slow
+
+SIM_ARGS = ["--sim-startup-seconds", "0.5", "--shutdown-timeout", "2"]
+
+
+def sim_replica(name: str = "r1", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "model": "tiny", "port": free_port(), "args": SIM_ARGS, "start_timeout": 30,
+            "drain_timeout": 5, "stop_timeout": 5, "warmup": {"requests": 2, "max_tokens": 4}, **extra}
+
+
+def test_replica_becomes_ready_and_is_observed(start_agent: Callable[..., AgentProcess]) -> None:
+    agent = start_agent([sim_replica()])
+    replica = agent.wait_state("r1", "READY")
+    assert httpx.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 200
+    assert httpx.get(f"{agent.url}/v1/replicas/nope/ready").status_code == 404
+    # The engine runs in its own process group, on the configured GPU.
+    pid = replica["process"]["pid"]
+    assert os.getpgid(pid) == pid
+    assert psutil.Process(pid).environ()["CUDA_VISIBLE_DEVICES"] == "0"
+    wait_until(lambda: (agent.replica("r1").get("engine") or {}).get("generation_tokens_total") is not None, 10,
+               what="an engine scrape")
+    r = agent.replica("r1")
+    assert r["engine"]["generation_tokens_total"] >= 8  # the two warmup requests of 4 tokens
+    assert r["process"]["rss_bytes"] > 0
+    metrics = httpx.get(f"{agent.url}/metrics").text
+    assert 'pitstop_replica_state{model="tiny",node="test-node",replica="r1",state="READY"} 1.0' in metrics
+
+
+def test_kill_9_of_the_engine_backs_off_then_recovers(start_agent: Callable[..., AgentProcess]) -> None:
+    agent = start_agent([sim_replica()])
+    first = agent.wait_state("r1", "READY")["process"]["pid"]
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: agent.replica("r1")["state"] in ("BACKOFF", "STARTING", "WARMING"), 10, what="failure")
+    replica = agent.wait_state("r1", "READY")
+    assert replica["process"]["pid"] != first
+    assert replica["restarts_total"] == 1
+    assert replica["last_exit_code"] == -9
+    assert any("Application startup complete" in line for line in replica["log_tail"])
+
+
+def test_an_engine_that_exits_0_is_a_failure_and_goes_fatal(start_agent: Callable[..., AgentProcess]) -> None:
+    # Real vLLM exits 0 when its EngineCore dies: exit code 0 must not read as a clean stop.
+    quitter = {"name": "quitter", "model": "tiny", "port": free_port(),
+               "command": [sys.executable, "-c", "print('engine core died'); raise SystemExit(0)"]}
+    agent = start_agent([quitter], backoff={"base": 0.1, "cap": 0.2, "max_failures": 3, "window": 60})
+    replica = agent.wait_state("quitter", "FATAL", timeout=20)
+    assert replica["last_exit_code"] == 0
+    assert replica["restarts_total"] == 2
+    assert "engine core died" in replica["log_tail"]
+    assert httpx.get(f"{agent.url}/v1/replicas/quitter/ready").status_code == 503
+
+
+def test_agent_shutdown_stops_every_engine(start_agent: Callable[..., AgentProcess]) -> None:
+    agent = start_agent([sim_replica("a"), sim_replica("b")])
+    pids = [agent.wait_state(n, "READY")["process"]["pid"] for n in ("a", "b")]
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.proc.wait(timeout=30) == 0
+    for pid in pids:
+        assert group_alive(pid) == [], f"engine group {pid} survived the agent"
+
+
+def test_reports_and_desired_generation_restart_with_new_args(
+        start_agent: Callable[..., AgentProcess], control_plane: tuple[ControlPlaneStandIn, str]) -> None:
+    stand_in, url = control_plane
+    agent = start_agent([sim_replica()], control_plane=url, token="t0k")
+    agent.wait_state("r1", "READY")
+    wait_until(lambda: len(stand_in.reports) >= 2, 10, what="two reports")
+    sequences = [r.sequence for r in stand_in.reports]
+    assert sequences == sorted(set(sequences))
+    assert stand_in.auth[0] == "Bearer t0k"
+
+    def transitions() -> list[tuple[str | None, str | None]]:
+        return [(e.from_state, e.to_state) for r in stand_in.reports for e in r.events if e.replica == "r1"]
+
+    wait_until(lambda: ("WARMING", "READY") in transitions(), 10, what="the READY event reported")
+    assert transitions()[0] == ("STOPPED", "STARTING")
+
+    old_pid = agent.replica("r1")["process"]["pid"]
+    new_args = [*SIM_ARGS, "--max-num-seqs", "32"]
+    stand_in.desired = DesiredState(node="test-node", replicas=[ReplicaSpec(name="r1", generation=1,
+                                                                            engine_args=new_args)])
+    wait_until(lambda: agent.replica("r1")["generation"] == 1 and agent.replica("r1")["state"] == "READY", 30,
+               what="generation 1 READY")
+    replica = agent.replica("r1")
+    assert replica["engine_args"] == new_args
+    assert "32" in psutil.Process(replica["process"]["pid"]).cmdline()
+    assert group_alive(old_pid) == []
+    wait_until(lambda: {"DRAINING", "STOPPING", "STOPPED"} <= {str(t) for _, t in transitions()}, 10,
+               what="drain and stop events reported")
+    wait_until(lambda: any(r.replicas and r.replicas[0].generation == 1 for r in stand_in.reports), 10,
+               what="generation 1 reported")
+
+    # enabled: false -> drain and stop; the whole process group is gone.
+    pid = replica["process"]["pid"]
+    stand_in.desired = DesiredState(node="test-node", replicas=[ReplicaSpec(name="r1", generation=1,
+                                                                            engine_args=new_args, enabled=False)])
+    agent.wait_state("r1", "STOPPED")
+    assert group_alive(pid) == []
+    assert httpx.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 503
+
+
+def test_control_plane_away_keeps_supervising(start_agent: Callable[..., AgentProcess]) -> None:
+    agent = start_agent([sim_replica()], control_plane=f"http://127.0.0.1:{free_port()}")
+    agent.wait_state("r1", "READY")
+    assert agent.output().count("control plane unreachable") == 1  # once per outage, not per attempt
+
+
+def test_drain_lets_in_flight_requests_finish_before_the_stop(
+        start_agent: Callable[..., AgentProcess], control_plane: tuple[ControlPlaneStandIn, str]) -> None:
+    stand_in, url = control_plane
+    spec = sim_replica(drain_timeout=20)
+    agent = start_agent([spec], control_plane=url)
+    pid = agent.wait_state("r1", "READY")["process"]["pid"]
+    result: dict[str, Any] = {}
+
+    def long_stream() -> None:
+        body = {"model": "tiny", "prompt": "tell me", "max_tokens": 60, "stream": True}
+        with httpx.stream("POST", f"http://127.0.0.1:{spec['port']}/v1/completions", json=body,
+                          timeout=30) as response:
+            result["lines"] = [line for line in response.iter_lines() if line.startswith("data:")]
+
+    streamer = threading.Thread(target=long_stream)
+    streamer.start()
+    try:
+        wait_until(lambda: (agent.replica("r1").get("engine") or {}).get("requests_running", 0) > 0, 10,
+                   what="the request to be running")
+        stand_in.desired = DesiredState(node="test-node", replicas=[ReplicaSpec(name="r1", generation=0,
+                                                                                engine_args=SIM_ARGS, enabled=False)])
+        agent.wait_state("r1", "DRAINING", timeout=10)
+        assert httpx.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 503  # readiness off first
+        assert streamer.is_alive()  # still streaming while draining
+    finally:
+        streamer.join(timeout=30)
+    agent.wait_state("r1", "STOPPED", timeout=30)
+    assert result["lines"][-1] == "data: [DONE]"  # the in-flight request was not aborted
+    assert group_alive(pid) == []
+
+
+def test_a_new_agent_ends_the_engine_a_killed_agent_left(start_agent: Callable[..., AgentProcess]) -> None:
+    spec = sim_replica()
+    first = start_agent([spec])
+    orphan = first.wait_state("r1", "READY")["process"]["pid"]
+    first.proc.kill()  # SIGKILL: the agent cannot stop its engine
+    first.proc.wait()
+    assert group_alive(orphan), "the engine should have outlived a SIGKILLed agent"
+    second = start_agent([spec])
+    replica = second.wait_state("r1", "READY")
+    assert replica["process"]["pid"] != orphan
+    assert group_alive(orphan) == []
+
+
+def test_canary_measures_ttft(start_agent: Callable[..., AgentProcess]) -> None:
+    agent = start_agent([sim_replica()], canary_every=1)
+    agent.wait_state("r1", "READY")
+    wait_until(lambda: agent.replica("r1")["canary_ok"] is True, 10, what="a canary")
+    assert 0 < agent.replica("r1")["canary_ttft_seconds"] < 5
+
+
+def test_a_wedged_engine_reads_healthy_but_is_reported_stalled(start_agent: Callable[..., AgentProcess]) -> None:
+    # vLLM #39863: a hung EngineCore keeps /health at 200; progress and the canary are the signals.
+    spec = sim_replica(args=[*SIM_ARGS, "--fault-hang-after", "4"], warmup={"requests": 1, "max_tokens": 2})
+    agent = start_agent([spec], canary_every=2, canary_timeout=1.0)
+    agent.wait_state("r1", "READY")
+    wait_until(lambda: agent.replica("r1")["canary_ok"] is False, 20, what="a failed canary")
+    assert httpx.get(f"http://127.0.0.1:{spec['port']}/health").status_code == 200
+
+    def send() -> None:
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 50}
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(f"http://127.0.0.1:{spec['port']}/v1/completions", json=body, timeout=15)
+
+    threading.Thread(target=send, daemon=True).start()  # queued behind the wedged engine
+    wait_until(lambda: (agent.replica("r1").get("engine") or {}).get("stalled") is True, 15, what="stall")
+    metrics = httpx.get(f"{agent.url}/metrics").text
+    assert 'pitstop_engine_stalled{model="tiny",node="test-node",replica="r1"} 1.0' in metrics
+    assert agent.replica("r1")["state"] == "READY"  # detecting is the agent's job; acting is the policy's
+
+
+def test_start_deadline_is_a_failure_and_the_silent_engine_is_killed(
+        start_agent: Callable[..., AgentProcess]) -> None:
+    silent = {"name": "silent", "model": "tiny", "port": free_port(), "start_timeout": 1,
+              "command": [sys.executable, "-c", "import time; print('loading forever', flush=True); time.sleep(600)"]}
+    agent = start_agent([silent], backoff={"base": 30, "cap": 30})
+    wait_until(lambda: agent.replica("silent")["state"] == "BACKOFF", 15, what="BACKOFF")
+    replica = agent.replica("silent")
+    assert replica["log_tail"] == ["loading forever"]
+    assert replica["last_exit_code"] == -9
+    assert psutil.Process(agent.proc.pid).children(recursive=True) == []  # the silent engine was killed
+
+
+def test_attached_engine_is_watched_never_started(start_agent: Callable[..., AgentProcess], tmp_path: Any) -> None:
+    port = free_port()
+    engine = subprocess.Popen([sys.executable, "-m", "pitstop.cli", "sim", "serve", "ext", "--port", str(port),
+                               *SIM_ARGS, "--sim-gpu-dir", str(tmp_path / "g")], start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        agent = start_agent([{"name": "ext", "model": "ext", "url": f"http://127.0.0.1:{port}"}])
+        replica = agent.wait_state("ext", "ATTACHED", timeout=20)
+        assert replica["managed"] is False and replica["ready"] is True
+        wait_until(lambda: (agent.replica("ext").get("engine") or {}).get("generation_tokens_total") is not None,
+                   10, what="a scrape of the attached engine")
+        engine.kill()
+        engine.wait()
+        agent.wait_state("ext", "UNREACHABLE", timeout=10)
+        assert httpx.get(f"{agent.url}/v1/replicas/ext/ready").status_code == 503
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(engine.pid, signal.SIGKILL)
+        engine.wait()

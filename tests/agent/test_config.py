@@ -1,0 +1,79 @@
+"""Config loading: defaults without a file, env overrides, and errors that name file, line and field."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.config import ConfigError, load_config, parse_config
+
+
+def test_no_file_gives_loopback_defaults_and_no_replicas() -> None:
+    config = load_config(None, env={})
+    assert (config.host, config.port) == ("127.0.0.1", 9400)
+    assert config.control_plane == "http://127.0.0.1:8000"
+    assert config.report_interval == 5.0
+    assert config.gpu_backend == "auto"
+    assert config.replicas == []
+    assert config.resolved_state_dir == Path(f"./.pitstop/agent-{config.node}")
+
+
+def test_replica_defaults_and_argv_templates() -> None:
+    config = parse_config("""
+replicas:
+  - name: a
+    model: meta/llama
+    port: 8001
+    args: ["--max-num-seqs", "64"]
+  - name: b
+    model: qwen
+    port: 8002
+    engine: vllm
+  - name: c
+    model: tiny
+    port: 8003
+    command: ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--port", "{port}"]
+  - name: attached
+    url: http://10.0.0.5:8000
+""", env={})
+    a, b, c, attached = config.replicas
+    assert a.argv() == [sys.executable, "-m", "pitstop.cli", "sim", "serve", "meta/llama", "--host", "127.0.0.1",
+                        "--port", "8001", "--max-num-seqs", "64"]
+    assert b.argv() == ["vllm", "serve", "qwen", "--host", "127.0.0.1", "--port", "8002"]
+    assert c.argv(["--enforce-eager"]) == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "tiny",
+                                           "--port", "8003", "--enforce-eager"]
+    assert a.gpus == [0] and a.managed
+    assert not attached.managed and attached.base_url == "http://10.0.0.5:8000"
+
+
+def test_environment_overrides_main_settings() -> None:
+    config = parse_config("port: 9500\n", env={"PITSTOP_AGENT_PORT": "9600", "PITSTOP_AGENT_CONTROL_PLANE": "null",
+                                               "PITSTOP_AGENT_TOKEN": "s3cret", "PITSTOP_AGENT_NODE": "gpu-7"})
+    assert (config.port, config.control_plane, config.token, config.node) == (9600, None, "s3cret", "gpu-7")
+
+
+def test_error_names_file_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("node: n1\nreplicas:\n  - name: ok\n    model: m\n    port: 8001\n"
+                    "  - name: bad\n    model: m\n    port: not-a-port\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, env={})
+    message = str(err.value)
+    assert f"{path}:8" in message
+    assert "replicas.1.port" in message
+
+
+def test_unknown_field_and_missing_port_are_reported() -> None:
+    with pytest.raises(ConfigError, match="report_intervall"):
+        parse_config("report_intervall: 3\n", "a.yaml", env={})
+    with pytest.raises(ConfigError, match="needs 'port'"):
+        parse_config("replicas:\n  - name: r\n    model: m\n", "a.yaml", env={})
+    with pytest.raises(ConfigError, match="unique"):
+        parse_config("replicas:\n  - {name: r, model: m, port: 1}\n  - {name: r, model: m, port: 2}\n", env={})
+
+
+def test_broken_yaml_names_the_line() -> None:
+    with pytest.raises(ConfigError, match=r"a\.yaml:2"):
+        parse_config("node: x\nport: 9400: 9500\n", "a.yaml", env={})

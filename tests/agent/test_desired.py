@@ -1,0 +1,83 @@
+"""What a desired state means per replica (pure), its copy on disk, and the reporter's HTTP exchange."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.desired import DesiredStore, plan_wants
+from agent.reporter import Reporter, ReportError, report_retry_delay
+from agent.supervisor import Want
+from agent.wire import PROTOCOL_VERSION, DesiredState, NodeReport, ReplicaSpec
+
+
+def desired(*specs: ReplicaSpec) -> DesiredState:
+    return DesiredState(node="n1", replicas=list(specs))
+
+
+def test_higher_generation_is_a_new_want_lower_is_stale() -> None:
+    current = {"a": Want(True, 2, ["--max-num-seqs", "64"]), "b": Want(True, 5, [])}
+    plan = plan_wants(desired(ReplicaSpec(name="a", generation=3, engine_args=["--max-num-seqs", "32"]),
+                              ReplicaSpec(name="b", generation=4, engine_args=["--x"]),
+                              ReplicaSpec(name="ghost", generation=9)), current)
+    assert plan == {"a": Want(True, 3, ["--max-num-seqs", "32"])}
+
+
+def test_same_generation_disabled_means_stop_keeping_args() -> None:
+    current = {"a": Want(True, 2, ["--y"])}
+    assert plan_wants(desired(ReplicaSpec(name="a", generation=2, enabled=False)), current) == {
+        "a": Want(False, 2, ["--y"])}
+    assert plan_wants(desired(ReplicaSpec(name="a", generation=2, engine_args=["--y"])), current) == {}
+    assert plan_wants(desired(), current) == {}  # empty list: keep running the config
+
+
+def test_store_round_trips_and_ignores_a_corrupt_file(tmp_path: Path) -> None:
+    store = DesiredStore(tmp_path / "state")
+    assert store.load() is None
+    state = desired(ReplicaSpec(name="a", generation=7, engine_args=["--z"]))
+    store.save(state)
+    assert store.load() == state
+    store.path.write_text("{not json")
+    assert store.load() is None
+
+
+def report() -> NodeReport:
+    return NodeReport(protocol_version=PROTOCOL_VERSION, node="n1", hostname="h", agent_version="0",
+                      sent_at=datetime(2026, 1, 1, tzinfo=UTC), sequence=4)
+
+
+def test_reporter_posts_with_bearer_token_and_reads_desired_state() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"node": "n1", "replicas": [{"name": "a", "generation": 1}]})
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    answer = asyncio.run(Reporter(client, "http://cp:8000/", "n1", token="t0k").send(report()))
+    assert answer.replicas[0].generation == 1
+    assert str(seen[0].url) == "http://cp:8000/v1/agents/n1/report"
+    assert seen[0].headers["authorization"] == "Bearer t0k"
+    assert json.loads(seen[0].content)["sequence"] == 4
+
+
+@pytest.mark.parametrize("response", [httpx.Response(503, text="down"), httpx.Response(200, text="<html>"),
+                                      httpx.ConnectError("refused")])
+def test_reporter_failures_are_report_errors(response: httpx.Response | Exception) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if isinstance(response, Exception):
+            raise response
+        return response
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    with pytest.raises(ReportError):
+        asyncio.run(Reporter(client, "http://cp", "n1").send(report()))
+
+
+def test_retry_delay_doubles_and_is_bounded() -> None:
+    assert [report_retry_delay(n, 5.0) for n in (1, 2, 3, 4, 5, 10)] == [5, 10, 20, 40, 60, 60]

@@ -1,0 +1,86 @@
+"""Reading vLLM /metrics: both name generations, rates over the window, counter resets, garbage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.engine_metrics import MetricsParseError, engine_sample, parse_metrics
+from tests.agent.vllm_text import render
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_reads_a_vllm_033_scrape() -> None:
+    # Recorded from the simulator's /metrics after six streamed requests of 20 tokens.
+    snap = parse_metrics((FIXTURES / "vllm-0.33-metrics.txt").read_text(), at=0.0, model="tiny")
+    assert snap.values["generation_tokens"] == 120
+    assert snap.values["prompt_tokens"] == 6
+    assert snap.values["requests"] == 6
+    assert snap.values["errors"] == 0
+    assert snap.values["running"] == 0 and snap.values["kv_usage"] == 0
+    assert snap.histograms["ttft"][float("inf")] == 6
+    assert snap.histograms["itl"][float("inf")] == 114
+
+
+def test_reads_pre_012_names() -> None:
+    snap = parse_metrics((FIXTURES / "vllm-0.11-metrics.txt").read_text(), at=0.0)
+    assert snap.values["kv_usage"] == pytest.approx(0.42)
+    assert snap.values["running"] == 3 and snap.values["waiting"] == 1
+    assert snap.values["errors"] == 1
+    assert snap.values["prefix_queries"] == 0
+    assert snap.histograms["itl"][float("inf")] == 400  # time_per_output_token_seconds
+
+
+def test_other_models_series_are_ignored() -> None:
+    text = render("a", generation_tokens=10) + render("b", generation_tokens=99).replace("# ", "#x ")
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("#x"))
+    assert parse_metrics(text, 0.0, model="a").values["generation_tokens"] == 10
+
+
+def test_rates_come_from_the_difference_of_two_scrapes() -> None:
+    before = parse_metrics(render(generation_tokens=1000, prompt_tokens=100, success={"stop": 10}), at=100.0)
+    after = parse_metrics(render(generation_tokens=1500, prompt_tokens=300, running=4, waiting=2, kv=0.5,
+                                 success={"stop": 18, "error": 1, "abort": 1}), at=110.0)
+    sample = engine_sample(after, before)
+    assert sample.generation_tokens_per_second == pytest.approx(50.0)
+    assert sample.prompt_tokens_per_second == pytest.approx(20.0)
+    assert sample.requests_per_second == pytest.approx(1.0)
+    assert sample.errors_per_second == pytest.approx(0.2)
+    assert (sample.requests_running, sample.requests_waiting, sample.kv_cache_usage_ratio) == (4, 2, 0.5)
+    assert sample.generation_tokens_total == 1500
+
+
+def test_first_scrape_has_gauges_but_no_rates() -> None:
+    sample = engine_sample(parse_metrics(render(running=2, generation_tokens=10, ttft=[0.1]), at=1.0), None)
+    assert sample.requests_running == 2
+    assert sample.generation_tokens_per_second is None and sample.ttft_p99_seconds is None
+
+
+def test_counter_reset_never_gives_a_negative_rate() -> None:
+    # The engine restarted between scrapes: its counters start again from zero.
+    before = parse_metrics(render(generation_tokens=90_000, success={"stop": 500}, ttft=[0.05] * 500), at=0.0)
+    after = parse_metrics(render(generation_tokens=200, success={"stop": 2}, ttft=[2.0, 2.0]), at=10.0)
+    sample = engine_sample(after, before)
+    assert sample.generation_tokens_per_second == pytest.approx(20.0)
+    assert sample.requests_per_second == pytest.approx(0.2)
+    # The window after a reset is what the new engine observed, not a negative bucket delta.
+    assert sample.ttft_p50_seconds is not None and 1.0 < sample.ttft_p50_seconds <= 2.5
+
+
+def test_window_quantiles_ignore_lifetime_history() -> None:
+    history = [0.05] * 10_000  # hours of fast first tokens
+    before = parse_metrics(render(ttft=history, itl=[0.02] * 1000), at=0.0)
+    after = parse_metrics(render(ttft=history + [3.0] * 100, itl=[0.02] * 1000 + [0.3] * 100), at=5.0)
+    sample = engine_sample(after, before)
+    # Lifetime p99 would still read ~0.05 s; the window shows the regression.
+    assert sample.ttft_p50_seconds is not None and 2.5 < sample.ttft_p50_seconds <= 5.0
+    assert sample.itl_p99_seconds is not None and 0.2 < sample.itl_p99_seconds <= 0.3
+
+
+@pytest.mark.parametrize("text", ["<html>502 Bad Gateway</html>", "vllm:x{{{ 1\n", "", "# only comments\n",
+                                  "go_goroutines 12\n"])
+def test_garbage_is_a_parse_error(text: str) -> None:
+    with pytest.raises(MetricsParseError):
+        parse_metrics(text, 0.0)

@@ -1,0 +1,67 @@
+"""The agent's /metrics text, parsed back with client_python from a fresh registry per agent."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.exporter import AgentCollector, ExportState
+from agent.wire import EngineSample, GpuSample, ProcessSample, ReplicaState, ReplicaStatus
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def state() -> ExportState:
+    gpu = GpuSample(index=0, uuid="GPU-a", name="H200", temperature_celsius=61.0, memory_used_bytes=10,
+                    memory_total_bytes=100, utilization_ratio=0.5, power_watts=300.0, xid_events_total=2)
+    ready = ReplicaStatus(
+        name="r1", model="llama", url="http://127.0.0.1:8001", state=ReplicaState.READY, ready=True,
+        state_since=NOW, restarts_total=3, process=ProcessSample(pid=10, rss_bytes=2048, gpu_memory_bytes=4096),
+        engine=EngineSample(requests_running=4, requests_waiting=1, kv_cache_usage_ratio=0.3,
+                            ttft_p50_seconds=0.1, ttft_p99_seconds=0.9, itl_p95_seconds=0.02,
+                            generation_tokens_per_second=123.0, stalled=False),
+        canary_ttft_seconds=0.05, canary_ok=True)
+    backing_off = ReplicaStatus(name="r2", model="qwen", url="http://127.0.0.1:8002", state=ReplicaState.BACKOFF,
+                                ready=False, state_since=NOW)
+    return ExportState(node="n1", gpus=[gpu], replicas=[ready, backing_off], scrape_errors={"r1": 0, "r2": 7})
+
+
+def registry() -> CollectorRegistry:
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(state))
+    return reg
+
+
+def test_values_read_back_with_labels() -> None:
+    reg = registry()
+    r1 = {"node": "n1", "replica": "r1", "model": "llama"}
+    r2 = {"node": "n1", "replica": "r2", "model": "qwen"}
+    assert reg.get_sample_value("pitstop_gpu_temperature_celsius", {"node": "n1", "gpu": "0"}) == 61.0
+    assert reg.get_sample_value("pitstop_gpu_xid_events_total", {"node": "n1", "gpu": "0"}) == 2
+    assert reg.get_sample_value("pitstop_replica_state", {**r1, "state": "READY"}) == 1.0
+    assert reg.get_sample_value("pitstop_replica_state", {**r1, "state": "BACKOFF"}) == 0.0
+    assert reg.get_sample_value("pitstop_replica_state", {**r2, "state": "BACKOFF"}) == 1.0
+    assert reg.get_sample_value("pitstop_replica_ready", r1) == 1.0
+    assert reg.get_sample_value("pitstop_replica_ready", r2) == 0.0
+    assert reg.get_sample_value("pitstop_replica_restarts_total", r1) == 3
+    assert reg.get_sample_value("pitstop_replica_rss_bytes", r1) == 2048
+    assert reg.get_sample_value("pitstop_replica_gpu_memory_bytes", r1) == 4096
+    assert reg.get_sample_value("pitstop_engine_requests_running", r1) == 4
+    assert reg.get_sample_value("pitstop_engine_ttft_seconds", {**r1, "quantile": "0.99"}) == 0.9
+    assert reg.get_sample_value("pitstop_engine_itl_seconds", {**r1, "quantile": "0.95"}) == 0.02
+    assert reg.get_sample_value("pitstop_engine_generation_tokens_per_second", r1) == 123.0
+    assert reg.get_sample_value("pitstop_engine_scrape_errors_total", r2) == 7
+    assert reg.get_sample_value("pitstop_canary_ttft_seconds", r1) == 0.05
+    # Unknown values are absent, not zero: a replica with no engine sample exports no engine gauges.
+    assert reg.get_sample_value("pitstop_engine_requests_running", r2) is None
+
+
+def test_text_exposition_parses_and_has_one_state_series_per_state() -> None:
+    text = generate_latest(registry()).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    states = [s for s in families["pitstop_replica_state"].samples if s.labels["replica"] == "r1"]
+    assert len(states) == len(ReplicaState)
+    assert sum(s.value for s in states) == 1
+    assert families["pitstop_gpu_xid_events"].type == "counter"

@@ -1,0 +1,48 @@
+"""Process-tree figures: RSS and process count cover the engine's children, GPU memory maps to the tree."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from agent.process_tree import ProcessTreeSampler, sum_gpu_memory, tree_pids
+from tests.helpers import wait_until
+
+# A parent that forks a child holding ~50 MB, like vLLM's API server and its EngineCore.
+PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "b = bytearray(50 * 1024 * 1024); import time; time.sleep(60)"])
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_rss_is_summed_over_the_whole_tree() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        wait_until(lambda: len(tree_pids(proc.pid)) == 2, 5, what="the child")
+        sampler = ProcessTreeSampler()
+        child = next(p for p in tree_pids(proc.pid) if p != proc.pid)
+        wait_until(lambda: (sampler.sample(proc.pid).rss_bytes or 0) > 50 * 1024 * 1024, 5, what="child memory")
+        sample = sampler.sample(proc.pid, gpu_memory={child: 1000, 424242: 5})
+        assert sample.num_processes == 2
+        assert sample.num_threads is not None and sample.num_threads >= 2
+        assert sample.gpu_memory_bytes == 1000  # the child's GPU memory belongs to the replica
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the parent and the child it forked
+        proc.wait()
+
+
+def test_missing_process_reads_empty() -> None:
+    sampler = ProcessTreeSampler()
+    assert sampler.sample(None).rss_bytes is None
+    assert sampler.sample(2**22 + 12345).rss_bytes is None
+    assert sum_gpu_memory({1: 10, 2: 20, 3: 40}, [1, 3]) == 50
