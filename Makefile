@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.pitstop-installed
 
-.PHONY: demo test lint unit deps clean help
+.PHONY: demo test lint unit deps real-vllm clean help
 
 help:
 	@echo "make demo   - control plane + agent + three simulated vLLM replicas + console, until Ctrl-C"
@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml
 deps: $(STAMP)
 	@bash scripts/ensure-debian-packages.sh
 
+# A real vLLM (CPU build) and a tiny local model for the tests that supervise a real engine; cached in .pitstop/.
+real-vllm:
+	@bash scripts/setup-real-vllm.sh
+
 demo: $(STAMP)
 	$(BIN)/pitstop demo
 
@@ -30,7 +34,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: deps lint
+test: deps real-vllm lint
 	$(BIN)/pytest
 
 unit: $(STAMP)

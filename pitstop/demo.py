@@ -232,7 +232,7 @@ def main(argv: Sequence[str]) -> int:
         }
         (state / "demo.json").write_text(json.dumps(urls, indent=2) + "\n")
         os.chmod(state / "demo.json", 0o600)
-        print_banner(urls, replica_urls)
+        print_banner(urls, replica_urls, state / "demo.json")
         deadline = time.monotonic() + args.duration if args.duration > 0 else None
         while deadline is None or time.monotonic() < deadline:
             for child in (server, agent):
@@ -251,7 +251,7 @@ def main(argv: Sequence[str]) -> int:
         print("pitstop demo: every process stopped")
 
 
-def print_banner(urls: Mapping[str, object], replica_urls: list[str]) -> None:
+def print_banner(urls: Mapping[str, object], replica_urls: list[str], manifest: Path) -> None:
     print()
     print("Pitstop demo is up:")
     if urls["console"]:
@@ -260,7 +260,7 @@ def print_banner(urls: Mapping[str, object], replica_urls: list[str]) -> None:
     print(f"  agent /metrics   {urls['agent_metrics']}")
     for url in replica_urls:
         print(f"  replica          {url}   (vLLM API, /metrics)")
-    print("  URLs and the demo's tokens (agent, operator) are in .pitstop/demo.json. Ctrl-C stops everything.")
+    print(f"  URLs and the demo's tokens (agent, operator) are in {manifest}. Ctrl-C stops everything.")
     print(flush=True)
 
 

