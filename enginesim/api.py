@@ -1,0 +1,172 @@
+"""The HTTP face of the simulator: vLLM's OpenAI-compatible routes, /health, /version and /metrics.
+
+``create_app`` builds a FastAPI app over one ``Engine``; everything it needs arrives in ``ServingContext``
+(no globals), so tests can drive the app in-process and the server can flip ``draining`` on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from enginesim.engine import Engine, EngineDeadError, EngineState, Failed, Finished, RequestHandle, Token
+from enginesim.protocol import ApiError, GenerationRequest, ResponseWriter, parse_request
+
+VLLM_VERSION = "0.33.0"
+
+
+class StreamBrokenError(Exception):
+    """The engine failed mid-stream: the connection is dropped without the terminating chunk."""
+
+
+@dataclass
+class ServingContext:
+    """What the routes read: the engine, the served names, the registry and the fault knobs."""
+
+    engine: Engine
+    model: str
+    served_names: list[str]
+    max_model_len: int
+    registry: CollectorRegistry
+    error_rate: float = 0.0
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    draining: bool = False
+    started_at: int = field(default_factory=lambda: int(time.time()))
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+def _error(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _stream(ctx: ServingContext, req: GenerationRequest, handle: RequestHandle) -> AsyncIterator[bytes]:
+    writer = ResponseWriter(req)
+    engine = ctx.engine
+    sent = 0
+    try:
+        event = await handle.events.get()
+        while True:
+            if isinstance(event, Failed):
+                raise StreamBrokenError(event.message)
+            if isinstance(event, Finished):
+                yield _sse(writer.finish_chunk(event.reason))
+                break
+            # vLLM puts finish_reason on the last token's chunk: look at what is already queued behind it.
+            following = None if handle.events.empty() else handle.events.get_nowait()
+            finish = following.reason if isinstance(following, Finished) else None
+            if sent == 0 and req.chat:
+                yield _sse(writer.role_chunk())
+            yield _sse(writer.token_chunk(event.index, finish))
+            sent += 1
+            if sent == 1:
+                handle.first_token_sent(engine.clock.now())
+            if finish is not None:
+                break
+            event = following if following is not None else await handle.events.get()
+        if req.include_usage:
+            yield _sse(writer.usage_chunk(handle.seq.generated))
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not handle.done:
+            engine.abort(handle)  # the client went away
+
+
+async def _generate(ctx: ServingContext, request: Request, *, chat: bool) -> Response:
+    arrival = ctx.engine.clock.now()
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        return _error(ApiError(400, f"JSON decode error: {exc}"))
+    if ctx.draining:
+        # vLLM answers new work with 500 while it drains; /health stays 200 (see DESIGN.md).
+        return _error(ApiError(500, "The server is shutting down; request refused."))
+    try:
+        req = parse_request(body, chat=chat, served_names=ctx.served_names, max_model_len=ctx.max_model_len)
+    except ApiError as exc:
+        return _error(exc)
+    if ctx.error_rate > 0 and ctx.rng.random() < ctx.error_rate:
+        ctx.engine.metrics.success["error"].inc()
+        return _error(ApiError(500, "Internal server error (injected fault)."))
+    try:
+        handle = ctx.engine.submit(prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
+                                   ignore_eos=req.ignore_eos, prefixes=req.prefixes, arrival=arrival)
+    except EngineDeadError as exc:
+        return _error(ApiError(500, f"EngineCore encountered an issue: {exc}"))
+    if req.stream:
+        return StreamingResponse(_stream(ctx, req, handle), media_type="text/event-stream")
+    try:
+        while True:
+            event = await handle.events.get()
+            if isinstance(event, Token):
+                handle.first_token_sent(ctx.engine.clock.now())
+            elif isinstance(event, Failed):
+                return _error(ApiError(500, f"EngineCore encountered an issue: {event.message}"))
+            else:
+                return JSONResponse(ResponseWriter(req).full_response(handle.seq.generated, event.reason))
+    finally:
+        if not handle.done:
+            ctx.engine.abort(handle)
+
+
+def create_app(ctx: ServingContext) -> FastAPI:
+    """The FastAPI app serving one engine."""
+    app = FastAPI(title="vLLM API (simulated)", version=VLLM_VERSION, docs_url=None, redoc_url=None)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=503 if ctx.engine.state is EngineState.DEAD else 200)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": VLLM_VERSION}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        data = [{"id": name, "object": "model", "created": ctx.started_at, "owned_by": "vllm",
+                 "root": ctx.model, "parent": None, "max_model_len": ctx.max_model_len,
+                 "permission": [{"id": f"modelperm-{name}", "object": "model_permission",
+                                 "created": ctx.started_at, "allow_create_engine": False,
+                                 "allow_sampling": True, "allow_logprobs": True,
+                                 "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                                 "organization": "*", "group": None, "is_blocking": False}]}
+                for name in ctx.served_names]
+        return {"object": "list", "data": data}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(ctx.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(ctx, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(ctx, request, chat=True)
+
+    return app
+
+
+class DropBrokenStreams:
+    """ASGI wrapper: a stream whose engine failed ends without its last chunk, as a dead vLLM's streams do."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except StreamBrokenError:
+            return

@@ -1,0 +1,158 @@
+"""``pitstop sim``: ``serve MODEL [vllm serve flags]`` runs a simulated vLLM 0.33 server, ``load URL...`` drives one.
+
+``serve`` takes the ``vllm serve`` flags Pitstop manages, simulator flags (``--sim-*``) and fault flags
+(``--fault-*``, also ``PITSTOP_SIM_FAULT_*`` env vars). Any other vLLM flag (``--foo``, ``--foo value``,
+``--foo=value``) is accepted and ignored with one warning line on stderr, so an engine command line written
+for real vLLM starts the simulator unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+
+from enginesim.faults import FaultConfig, resolve_faults
+from enginesim.gpufile import gpu_indices
+from enginesim.loadgen import LoadSpec, run_load
+from enginesim.profiles import DEFAULT_PROFILE, PROFILES, get_profile
+from enginesim.server import ServeConfig, configure_logging, serve
+
+DEFAULT_GPU_DIR = ".pitstop/simgpu"
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pitstop sim serve", description="Serve a simulated vLLM 0.33 engine.",
+                                allow_abbrev=False)
+    p.add_argument("model", nargs="?", help="model name or path (as for vllm serve)")
+    p.add_argument("--model", dest="model_flag", help=argparse.SUPPRESS)
+    v = p.add_argument_group("vllm serve flags")
+    v.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; vLLM's is 0.0.0.0)")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--served-model-name", nargs="+", default=None, help="names clients may use")
+    v.add_argument("--max-num-seqs", type=int, default=256)
+    v.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    v.add_argument("--max-model-len", type=int, default=None, help="default: the profile's")
+    v.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    v.add_argument("--block-size", type=int, default=16)
+    v.add_argument("--enforce-eager", action="store_true", help="accepted; no effect on timing")
+    v.add_argument("--disable-custom-all-reduce", action="store_true", help="accepted; no effect")
+    v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    v.add_argument("--shutdown-timeout", type=float, default=0.0,
+                   help="on SIGTERM, seconds to let in-flight requests finish (0: abort them)")
+    s = p.add_argument_group("simulator flags")
+    s.add_argument("--sim-profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
+    s.add_argument("--sim-startup-seconds", type=float, default=3.0,
+                   help="model-loading delay before the port listens")
+    s.add_argument("--sim-seed", type=int, default=0)
+    s.add_argument("--sim-gpu-dir", default=None,
+                   help=f"GPU reading files (env PITSTOP_SIM_GPU_DIR, default {DEFAULT_GPU_DIR})")
+    f = p.add_argument_group("fault injection (each also PITSTOP_SIM_FAULT_<NAME>; the flag wins)")
+    f.add_argument("--fault-leak-rss-mb-per-min", type=float, default=None, help="host RSS grows (real memory)")
+    f.add_argument("--fault-leak-gpu-mb-per-min", type=float, default=None, help="simulated GPU memory grows")
+    f.add_argument("--fault-hang-after", type=float, default=None,
+                   help="seconds until the engine stalls (/health stays 200)")
+    f.add_argument("--fault-crash-after", type=float, default=None, help="seconds until the engine dies")
+    f.add_argument("--fault-fail-start", action="store_true", default=None, help="exit 1 during start-up")
+    f.add_argument("--fault-error-rate", type=float, default=None, help="fraction of requests answered 500")
+    f.add_argument("--fault-xid-after", type=float, default=None, help="seconds until a simulated XID event")
+    f.add_argument("--fault-xid-code", type=int, default=None, help="XID code (default 13)")
+    f.add_argument("--fault-hot-gpu-after", type=float, default=None,
+                   help="seconds until the GPU heats past its slowdown temperature")
+    return p
+
+
+def split_unknown(extras: list[str]) -> tuple[list[str], list[str]]:
+    """Split argparse's leftovers into ignored ``--flags`` (with their values) and stray positionals."""
+    flags: list[str] = []
+    strays: list[str] = []
+    previous_flag = False
+    for item in extras:
+        if item.startswith("-"):
+            flags.append(item.split("=", 1)[0])
+            previous_flag = "=" not in item
+        elif previous_flag:
+            previous_flag = False  # the value of the flag before it
+        else:
+            strays.append(item)
+    return flags, strays
+
+
+def serve_config(argv: list[str], env: Mapping[str, str]) -> tuple[ServeConfig, list[str]]:
+    """Parse ``serve`` arguments; returns the config and the ignored vLLM flags. SystemExit on bad input."""
+    parser = _serve_parser()
+    args, extras = parser.parse_known_args(argv)
+    ignored, strays = split_unknown(extras)
+    model = args.model or args.model_flag
+    if strays or not model:
+        parser.error(f"unexpected arguments: {' '.join(strays)}" if strays else "the model is required")
+    fault_flags = {f.name: getattr(args, "fault_" + f.name) for f in fields(FaultConfig)}
+    try:
+        faults = resolve_faults(fault_flags, env)
+    except ValueError as exc:
+        parser.error(str(exc))
+    config = ServeConfig(
+        model=model, profile=get_profile(args.sim_profile), host=args.host, port=args.port,
+        served_model_names=args.served_model_name or [], max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching, shutdown_timeout=args.shutdown_timeout,
+        startup_seconds=args.sim_startup_seconds, seed=args.sim_seed,
+        gpu_dir=Path(args.sim_gpu_dir or env.get("PITSTOP_SIM_GPU_DIR") or DEFAULT_GPU_DIR),
+        gpu_indices=gpu_indices(env.get("CUDA_VISIBLE_DEVICES")), faults=faults,
+    )
+    return config, ignored
+
+
+def _load_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pitstop sim load",
+                                description="Streaming chat load against vLLM-compatible servers; prints JSON.")
+    p.add_argument("urls", nargs="+", help="base URLs, e.g. http://127.0.0.1:8000 (round robin)")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--duration", type=float, default=10.0, help="seconds; 0 runs until Ctrl-C")
+    p.add_argument("--rate", type=float, default=None, help="requests per second (default: closed loop)")
+    p.add_argument("--prompt-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--model", default=None, help="default: the first model the first URL lists")
+    p.add_argument("--max-requests", type=int, default=None)
+    return p
+
+
+async def _load_main(spec: LoadSpec) -> dict[str, object]:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    return await run_load(spec, stop=stop)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``pitstop sim``."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: pitstop sim {serve,load} ...\n\n"
+              "  serve MODEL [vllm serve flags]  run a simulated vLLM 0.33 server\n"
+              "  load URL [URL ...]             streaming load generator with a JSON summary")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "serve":
+        config, ignored = serve_config(rest, os.environ)
+        if ignored:
+            print(f"WARNING: ignoring vLLM flags the simulator does not model: {', '.join(ignored)}",
+                  file=sys.stderr, flush=True)
+        configure_logging()
+        return asyncio.run(serve(config))
+    if command == "load":
+        a = _load_parser().parse_args(rest)
+        spec = LoadSpec(urls=a.urls, concurrency=a.concurrency, duration=a.duration, rate=a.rate,
+                        prompt_tokens=a.prompt_tokens, max_tokens=a.max_tokens, model=a.model,
+                        max_requests=a.max_requests)
+        print(json.dumps(asyncio.run(_load_main(spec)), indent=2))
+        return 0
+    print(f"pitstop sim: unknown command {command!r} (choose from serve, load)", file=sys.stderr)
+    return 2

@@ -1,0 +1,304 @@
+"""The simulated EngineCore: one asyncio task that runs scheduler steps and streams tokens to requests.
+
+Each step takes the profile's time for its shape (``SpeedProfile.step_seconds``), then every sequence in the
+batch whose prefill is complete gets one token. Timings recorded per request follow vLLM's definitions:
+queue = arrival to first scheduled, prefill = first scheduled to first token, decode = first to last token.
+TTFT is observed by whoever writes the first token to the client (``RequestHandle.first_token_sent``) so the
+histogram equals what a streaming client measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import math
+import random
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from enginesim.clock import Clock
+from enginesim.metrics import EngineMetrics
+from enginesim.profiles import SpeedProfile
+from enginesim.scheduler import KvCacheExhausted, Scheduler, Sequence, StepPlan
+
+PREFIX_CACHE_ENTRIES = 4096
+
+
+class EngineState(enum.StrEnum):
+    RUNNING = "running"
+    HUNG = "hung"  # the loop stopped stepping; requests stay queued (vllm#39863)
+    DEAD = "dead"  # crashed: in-flight requests failed, /health turns 503
+    STOPPED = "stopped"
+
+
+class EngineDeadError(RuntimeError):
+    """The engine cannot take requests any more."""
+
+
+@dataclass(frozen=True)
+class Token:
+    index: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # stop | length | abort
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+
+
+StreamEvent = Token | Finished | Failed
+
+
+@dataclass(eq=False)
+class RequestHandle:
+    """A submitted request: its scheduler sequence, its timestamps and the queue its tokens arrive on."""
+
+    seq: Sequence
+    max_tokens: int
+    arrival: float
+    metrics: EngineMetrics
+    events: asyncio.Queue[StreamEvent] = field(default_factory=asyncio.Queue)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    ttft_observed: bool = False
+    done: bool = False
+
+    def first_token_sent(self, now: float) -> None:
+        """Record TTFT once, at the moment the first token reaches the client's connection."""
+        if not self.ttft_observed:
+            self.ttft_observed = True
+            self.metrics.ttft.observe(now - self.arrival)
+
+
+class Engine:
+    """Continuous batching over a Scheduler, timed by a SpeedProfile, on an injected Clock."""
+
+    def __init__(self, *, profile: SpeedProfile, scheduler: Scheduler, metrics: EngineMetrics, clock: Clock,
+                 prefix_caching: bool = True, seed: int = 0) -> None:
+        self.profile = profile
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.clock = clock
+        self.prefix_caching = prefix_caching
+        self.state = EngineState.RUNNING
+        self.death_message = ""
+        self.died = asyncio.Event()
+        self.busy_seconds = 0.0
+        self.completed = 0
+        self.steps = 0
+        self._rng = random.Random(seed)
+        self._handles: dict[Sequence, RequestHandle] = {}
+        self._prefix_cache: OrderedDict[int, None] = OrderedDict()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._ids = 0
+        self._step_end = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._handles)
+
+    async def wait_idle(self) -> None:
+        """Return once no request is in flight."""
+        while self._handles:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def output_length(self, max_tokens: int, ignore_eos: bool) -> int:
+        """``max_tokens`` when EOS is ignored, else a seeded answer length (exponential around the profile mean)."""
+        if ignore_eos:
+            return max_tokens
+        natural = 1 + int(self._rng.expovariate(1.0 / self.profile.mean_output_tokens))
+        return max(1, min(max_tokens, natural))
+
+    def submit(self, *, prompt_tokens: int, max_tokens: int, ignore_eos: bool = False,
+               prefixes: tuple[tuple[int, int], ...] = (), arrival: float | None = None) -> RequestHandle:
+        """Queue a request; its tokens arrive on the returned handle's ``events``."""
+        if self.state is EngineState.DEAD or self.state is EngineState.STOPPED:
+            raise EngineDeadError(self.death_message or "engine is not running")
+        self._ids += 1
+        cached = self._prefix_lookup(prefixes, prompt_tokens)
+        seq = Sequence(request_id=f"req-{self._ids}", prompt_tokens=prompt_tokens,
+                       output_tokens=self.output_length(max_tokens, ignore_eos), cached_tokens=cached)
+        handle = RequestHandle(seq=seq, max_tokens=max_tokens,
+                               arrival=self.clock.now() if arrival is None else arrival, metrics=self.metrics)
+        self._handles[seq] = handle
+        self.scheduler.add(seq)
+        self.metrics.params_n.observe(1)
+        self.metrics.params_max_tokens.observe(max_tokens)
+        self.metrics.request_max_tokens.observe(max_tokens)
+        self._publish_gauges()
+        self._wake.set()
+        return handle
+
+    def _prefix_lookup(self, prefixes: tuple[tuple[int, int], ...], prompt_tokens: int) -> int:
+        """Prompt tokens already in the prefix cache (whole blocks), remembering this prompt's prefixes."""
+        if not self.prefix_caching or not prefixes:
+            return 0
+        self.metrics.prefix_queries.inc(prompt_tokens)
+        matched = 0
+        for key, tokens in prefixes:
+            if key in self._prefix_cache:
+                matched = tokens
+                self._prefix_cache.move_to_end(key)
+            else:
+                self._prefix_cache[key] = None
+        while len(self._prefix_cache) > PREFIX_CACHE_ENTRIES:
+            self._prefix_cache.popitem(last=False)
+        # Whole blocks only, and never the last prompt token: vLLM must compute it to sample.
+        block = self.scheduler.block_size
+        cached = min(matched, prompt_tokens - 1) // block * block
+        if cached:
+            self.metrics.prefix_hits.inc(cached)
+        return cached
+
+    def abort(self, handle: RequestHandle) -> None:
+        """The client went away: free the request's KV and count it as aborted."""
+        if handle.done:
+            return
+        self.scheduler.remove(handle.seq)
+        self._finish(handle, "abort", self.clock.now(), deliver=False)
+        self._publish_gauges()
+
+    def hang(self) -> None:
+        """Stop stepping for good while everything else keeps answering (vllm#39863)."""
+        if self.state is EngineState.RUNNING:
+            self.state = EngineState.HUNG
+
+    def kill(self, message: str) -> None:
+        """Die: fail every in-flight request, mark the engine dead so /health turns 503."""
+        if self.state in (EngineState.DEAD, EngineState.STOPPED):
+            return
+        self.state = EngineState.DEAD
+        self.death_message = message
+        self._fail_all(message, "error")
+        self.died.set()
+        self._wake.set()
+
+    def stop(self, message: str = "engine shut down") -> None:
+        """Clean stop: in-flight requests are failed (aborted) and the loop ends."""
+        if self.state is not EngineState.DEAD:
+            self.state = EngineState.STOPPED
+        self._fail_all(message, "abort")
+        self._stopped.set()
+        self._wake.set()
+
+    def _fail_all(self, message: str, reason: str) -> None:
+        for handle in list(self._handles.values()):
+            self.scheduler.remove(handle.seq)
+            handle.done = True
+            self.metrics.success[reason].inc()
+            handle.events.put_nowait(Failed(message))
+        self._handles.clear()
+        self._publish_gauges()
+
+    async def run(self) -> None:
+        """The engine loop: one task, sleeping while idle, one clock sleep per step."""
+        self._step_end = self.clock.now()
+        while self.state is EngineState.RUNNING:
+            if not self.scheduler.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+                self._step_end = self.clock.now()  # the GPU idled: nothing to absorb
+                continue
+            try:
+                plan = self.scheduler.schedule()
+            except KvCacheExhausted as exc:
+                gib = exc.needed_blocks * self.scheduler.block_size * self.profile.kv_bytes_per_token / 2**30
+                self.kill(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {gib:.2f} GiB "
+                          f"for KV cache of {exc.request_id} ({exc.needed_blocks} blocks needed, "
+                          f"{exc.total_blocks} in the cache).")
+                return
+            self._on_scheduled(plan)
+            seconds = self.profile.step_seconds(len(plan.scheduled), plan.prefill_tokens)
+            seconds *= self.profile.warmup_multiplier(self.steps)
+            self.steps += 1
+            # The profile's step cost already includes vLLM's host overhead, so the simulator's own work
+            # between steps (delivering tokens, HTTP) is absorbed into the next step rather than added to it:
+            # a step starts where the previous one ended, unless the engine lags by more than a step (idle, or
+            # a starved host), where it starts now.
+            # A step never starts before the requests it admits arrived: one that came in while the previous
+            # step ran waits for it, as on a GPU, so its TTFT holds at least one full step.
+            now = self.clock.now()
+            arrived = max((self._handles[seq].arrival for seq in plan.newly_admitted), default=self._step_end)
+            step_end = max(self._step_end, now - seconds, arrived) + seconds
+            self._step_end = step_end
+            await self.clock.sleep(step_end - now)
+            self.busy_seconds += seconds
+            if self.state is not EngineState.RUNNING:
+                break
+            self._on_step_done(plan)
+        if self.state is EngineState.HUNG:
+            await self._stopped.wait()
+
+    def _on_scheduled(self, plan: StepPlan) -> None:
+        now = self.clock.now()
+        for seq in plan.newly_admitted:
+            self._handles[seq].first_scheduled = now
+        if plan.preempted:
+            self.metrics.preemptions.inc(len(plan.preempted))
+        if plan.scheduled:
+            self.metrics.iteration_tokens.observe(plan.num_tokens)
+
+    def _on_step_done(self, plan: StepPlan) -> None:
+        outcome = self.scheduler.complete(plan)
+        now = self.clock.now()
+        m = self.metrics
+        for seq in outcome.prefill_done:
+            m.prompt_tokens.inc(seq.prompt_tokens)
+        for seq in outcome.emitted:
+            handle = self._handles.get(seq)
+            if handle is None:
+                continue
+            m.generation_tokens.inc()
+            if handle.first_token is None:
+                handle.first_token = now
+            else:
+                assert handle.last_token is not None
+                m.itl.observe(now - handle.last_token)
+            handle.last_token = now
+            handle.events.put_nowait(Token(seq.generated - 1))
+        for seq in outcome.finished:
+            handle = self._handles.get(seq)
+            if handle is not None:
+                reason = "length" if seq.generated >= handle.max_tokens else "stop"
+                self._finish(handle, reason, now, deliver=True)
+        self._publish_gauges()
+
+    def _finish(self, handle: RequestHandle, reason: str, now: float, *, deliver: bool) -> None:
+        handle.done = True
+        self._handles.pop(handle.seq, None)
+        self.completed += 1
+        m = self.metrics
+        m.success[reason].inc()
+        m.e2e.observe(now - handle.arrival)
+        if handle.first_scheduled is not None:
+            m.queue_time.observe(handle.first_scheduled - handle.arrival)
+            m.inference_time.observe(now - handle.first_scheduled)
+        if handle.first_token is not None and handle.first_scheduled is not None:
+            m.prefill_time.observe(handle.first_token - handle.first_scheduled)
+            m.decode_time.observe(now - handle.first_token)
+        if handle.seq.generated > 1 and handle.first_token is not None:
+            m.tpot.observe((now - handle.first_token) / (handle.seq.generated - 1))
+        m.request_prompt_tokens.observe(handle.seq.prompt_tokens)
+        m.request_generation_tokens.observe(handle.seq.generated)
+        if deliver:
+            handle.events.put_nowait(Finished(reason))
+
+    def _publish_gauges(self) -> None:
+        if not self._handles:
+            self._idle.set()
+        waiting = len(self.scheduler.waiting)
+        self.metrics.set_scheduler_state(running=len(self.scheduler.running), waiting=waiting,
+                                         waiting_for_capacity=waiting, kv_usage=self.scheduler.kv_usage)
+
+
+def prompt_token_estimate(text: str) -> int:
+    """Approximate tokenisation shared by every endpoint: one token per four characters, at least one."""
+    return max(1, math.ceil(len(text) / 4))

@@ -1,0 +1,88 @@
+"""Fault injection settings and the real host-memory leak.
+
+Every fault is a ``--fault-*`` flag and also an environment variable ``PITSTOP_SIM_FAULT_<NAME>`` (the flag's
+name after ``--fault-``, upper case, dashes as underscores); a flag on the command line wins over the
+environment. Timed faults count seconds from the moment the server starts listening.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+ENV_PREFIX = "PITSTOP_SIM_FAULT_"
+MIB = 1024 * 1024
+PAGE = 4096
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Which faults to inject; zero/None/False means off."""
+
+    leak_rss_mb_per_min: float = 0.0
+    leak_gpu_mb_per_min: float = 0.0
+    hang_after: float | None = None
+    crash_after: float | None = None
+    fail_start: bool = False
+    error_rate: float = 0.0
+    xid_after: float | None = None
+    xid_code: int = 13
+    hot_gpu_after: float | None = None
+
+    @staticmethod
+    def flag(name: str) -> str:
+        return "--fault-" + name.replace("_", "-")
+
+    @staticmethod
+    def env_name(name: str) -> str:
+        return ENV_PREFIX + name.upper()
+
+
+def _convert(raw: str, default: Any) -> Any:
+    if isinstance(default, bool):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return int(raw)
+    return float(raw)
+
+
+def resolve_faults(flags: Mapping[str, Any], env: Mapping[str, str]) -> FaultConfig:
+    """Merge parsed flags (None/absent = not given) over ``PITSTOP_SIM_FAULT_*`` environment values."""
+    values: dict[str, Any] = {}
+    defaults = FaultConfig()
+    for f in fields(FaultConfig):
+        given = flags.get(f.name)
+        default = getattr(defaults, f.name)
+        if given is not None and given is not False:
+            values[f.name] = given
+        elif FaultConfig.env_name(f.name) in env:
+            raw = env[FaultConfig.env_name(f.name)]
+            values[f.name] = _convert(raw, default if default is not None else 0.0)
+    config = FaultConfig(**values)
+    if not 0.0 <= config.error_rate <= 1.0:
+        raise ValueError(f"error rate must be within 0..1, got {config.error_rate}")
+    return config
+
+
+class RssLeak:
+    """Host memory that really grows: allocated and touched page by page so the kernel backs it (vllm#44175)."""
+
+    def __init__(self) -> None:
+        self._chunks: list[bytearray] = []
+        self.leaked_bytes = 0
+        self._carry = 0.0
+
+    def grow(self, mib: float) -> int:
+        """Leak ``mib`` more MiB (fractions carry over); returns the bytes added now."""
+        self._carry += mib * MIB
+        nbytes = int(self._carry)
+        if nbytes < PAGE:
+            return 0
+        self._carry -= nbytes
+        chunk = bytearray(nbytes)
+        # A fresh zeroed allocation may be mapped lazily; writing one byte per page makes it resident.
+        chunk[::PAGE] = b"\x01" * len(range(0, nbytes, PAGE))
+        self._chunks.append(chunk)
+        self.leaked_bytes += nbytes
+        return nbytes

@@ -1,0 +1,263 @@
+"""One simulated vLLM server process: cold start, HTTP serving, GPU files, faults and signal handling.
+
+``serve(config)`` is the process's whole life and returns its exit code: 0 after SIGTERM/SIGINT, 1 when the
+engine dies (crash fault, CUDA OOM) or start-up fails. SIGTERM follows ``vllm serve``: with
+``--shutdown-timeout 0`` in-flight requests are aborted at once (streams end broken); with N > 0 new requests
+get 500 while in-flight ones finish, for at most N seconds, and /health stays 200 meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import uvicorn
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
+from enginesim.api import DropBrokenStreams, ServingContext, create_app
+from enginesim.clock import RealClock
+from enginesim.engine import Engine, EngineState
+from enginesim.faults import MIB, FaultConfig, RssLeak
+from enginesim.gpufile import SimulatedGpu, remove_readings, write_reading
+from enginesim.metrics import EngineMetrics
+from enginesim.profiles import SpeedProfile
+from enginesim.scheduler import Scheduler
+
+GPU_FILE_INTERVAL_S = 1.0
+LEAK_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything ``pitstop sim serve`` was told."""
+
+    model: str
+    profile: SpeedProfile
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_names: list[str] = field(default_factory=list)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    shutdown_timeout: float = 0.0
+    startup_seconds: float = 3.0
+    seed: int = 0
+    gpu_dir: Path = Path(".pitstop/simgpu")
+    gpu_indices: list[int] = field(default_factory=lambda: [0])
+    faults: FaultConfig = field(default_factory=FaultConfig)
+
+    @property
+    def names(self) -> list[str]:
+        return self.served_model_names or [self.model]
+
+    @property
+    def model_len(self) -> int:
+        return self.max_model_len or self.profile.max_model_len
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: this process decides what SIGTERM means."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _log(out: TextIO, message: str) -> None:
+    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [enginesim] {message}", file=out, flush=True)
+
+
+def build_engine(config: ServeConfig, registry: CollectorRegistry) -> Engine:
+    """Engine, scheduler and metrics for ``config`` on the real clock."""
+    blocks = config.profile.kv_capacity_blocks(config.gpu_memory_utilization, config.block_size)
+    cache_info = {"block_size": str(config.block_size), "num_gpu_blocks": str(blocks),
+                  "gpu_memory_utilization": str(config.gpu_memory_utilization),
+                  "enable_prefix_caching": str(config.enable_prefix_caching), "cache_dtype": "auto"}
+    metrics = EngineMetrics(registry, model_name=config.names[0], max_model_len=config.model_len,
+                            cache_info=cache_info)
+    # vLLM serves prometheus_client's default registry, which carries the process_* and python_* families.
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    scheduler = Scheduler(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                          total_blocks=blocks, block_size=config.block_size)
+    return Engine(profile=config.profile, scheduler=scheduler, metrics=metrics, clock=RealClock(),
+                  prefix_caching=config.enable_prefix_caching, seed=config.seed)
+
+
+async def _every(interval: float, action: Callable[[], None]) -> None:
+    while True:
+        action()
+        await asyncio.sleep(interval)
+
+
+async def _after(delay: float | None, action: Callable[[], None]) -> None:
+    if delay is None:
+        return
+    await asyncio.sleep(delay)
+    action()
+
+
+class _GpuPublisher:
+    """Advances the simulated GPUs from engine activity and writes their files."""
+
+    def __init__(self, config: ServeConfig, gpus: list[SimulatedGpu], engine: Engine | None) -> None:
+        self.config, self.gpus, self.engine = config, gpus, engine
+        self._last = time.monotonic()
+        self._busy = 0.0
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        dt, self._last = now - self._last, now
+        busy = self.engine.busy_seconds if self.engine else 0.0
+        util = (busy - self._busy) / dt if dt > 0 else 0.0
+        self._busy = busy
+        for gpu in self.gpus:
+            gpu.advance(dt, util)
+            write_reading(self.config.gpu_dir, gpu.reading(time.time()))
+
+
+async def serve(config: ServeConfig, *, out: TextIO = sys.stderr) -> int:
+    """Run one simulated server until a signal or the engine's death; returns the exit code."""
+    faults = config.faults
+    gpus = [SimulatedGpu(profile=config.profile, index=i, pid=os.getpid(),
+                         memory_utilization=config.gpu_memory_utilization) for i in config.gpu_indices]
+    publisher = _GpuPublisher(config, gpus, None)
+    tasks: list[asyncio.Task[None]] = [asyncio.create_task(_every(GPU_FILE_INTERVAL_S, publisher.tick))]
+    try:
+        _log(out, f"vLLM API server version 0.33.0 (simulated, profile {config.profile.name})")
+        _log(out, f"Loading model {config.model} ({config.startup_seconds:.1f}s)")
+        if faults.fail_start:
+            await asyncio.sleep(min(config.startup_seconds, 1.0))
+            print("ERROR: EngineCore failed to start (injected fault: fail-start).", file=out, flush=True)
+            return 1
+        await asyncio.sleep(config.startup_seconds)
+        return await _run_serving(config, gpus, publisher, tasks, out)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        remove_readings(config.gpu_dir, gpus)
+
+
+async def _run_serving(config: ServeConfig, gpus: list[SimulatedGpu], publisher: _GpuPublisher,
+                       tasks: list[asyncio.Task[None]], out: TextIO) -> int:
+    faults = config.faults
+    registry = CollectorRegistry()
+    engine = build_engine(config, registry)
+    publisher.engine = engine
+    _log(out, f"KV cache: {engine.scheduler.total_blocks} blocks of {config.block_size} tokens "
+              f"({engine.scheduler.total_blocks * config.block_size} tokens); max_num_seqs={config.max_num_seqs}")
+    ctx = ServingContext(engine=engine, model=config.model, served_names=config.names,
+                         max_model_len=config.model_len, registry=registry, error_rate=faults.error_rate,
+                         rng=random.Random(config.seed + 1))
+    uconfig = uvicorn.Config(DropBrokenStreams(create_app(ctx)), host=config.host, port=config.port,
+                             log_level="warning", access_log=False, lifespan="off",
+                             timeout_graceful_shutdown=1, timeout_keep_alive=5)
+    server = _Server(uconfig)
+    exit_code = 0
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        if config.shutdown_timeout > 0:
+            ctx.draining = True
+            tasks.append(asyncio.create_task(_drain(engine, config.shutdown_timeout, server, out)))
+        else:
+            _log(out, "Shutting down: aborting in-flight requests (shutdown-timeout 0)")
+            engine.stop("server shutting down")
+            server.should_exit = True
+
+    def crash() -> None:
+        engine.kill("EngineCore died (injected fault: crash)")
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    leak = RssLeak()
+
+    def leak_tick() -> None:
+        leak.grow(faults.leak_rss_mb_per_min * LEAK_INTERVAL_S / 60.0)
+        for gpu in gpus:
+            gpu.leak(int(faults.leak_gpu_mb_per_min * LEAK_INTERVAL_S / 60.0 * MIB))
+
+    def xid() -> None:
+        for gpu in gpus:
+            gpu.add_xid(faults.xid_code, time.time())
+        print(f"NVRM: Xid (PCI:0000:00:00): {faults.xid_code}, simulated", file=out, flush=True)
+
+    def hot() -> None:
+        for gpu in gpus:
+            gpu.hot = True
+
+    async def watch_death() -> None:
+        await engine.died.wait()
+        print(f"ERROR: {engine.death_message}", file=out, flush=True)
+        await asyncio.sleep(0.3)  # let the failed requests' answers go out, as vLLM's API server does
+        server.should_exit = True
+
+    serving = asyncio.create_task(server.serve())
+    await _wait_listening(server, serving)
+    if serving.done():
+        await serving
+        return 1
+    _log(out, f"Application startup complete; serving on http://{config.host}:{config.port}")
+    tasks.append(asyncio.create_task(_run_engine(engine)))
+    tasks.append(asyncio.create_task(watch_death()))
+    tasks.append(asyncio.create_task(_after(faults.hang_after, engine.hang)))
+    tasks.append(asyncio.create_task(_after(faults.crash_after, crash)))
+    tasks.append(asyncio.create_task(_after(faults.xid_after, xid)))
+    tasks.append(asyncio.create_task(_after(faults.hot_gpu_after, hot)))
+    if faults.leak_rss_mb_per_min > 0 or faults.leak_gpu_mb_per_min > 0:
+        tasks.append(asyncio.create_task(_every(LEAK_INTERVAL_S, leak_tick)))
+    await serving
+    if engine.state is EngineState.DEAD:
+        exit_code = 1
+    else:
+        engine.stop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+    return exit_code
+
+
+async def _run_engine(engine: Engine) -> None:
+    """The engine loop; a bug in it kills the engine (requests fail, exit 1) instead of hanging silently."""
+    try:
+        await engine.run()
+    except Exception as exc:
+        engine.kill(f"EngineCore failed: {exc!r}")
+        raise
+
+
+async def _wait_listening(server: uvicorn.Server, serving: asyncio.Task[None]) -> None:
+    # uvicorn exposes readiness only as a flag, so poll it briefly.
+    while not server.started and not serving.done():  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+
+
+async def _drain(engine: Engine, grace: float, server: uvicorn.Server, out: TextIO) -> None:
+    _log(out, f"Draining {engine.in_flight} in-flight requests (shutdown-timeout {grace:g}s)")
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(engine.wait_idle(), grace)
+    await asyncio.sleep(0.1)  # let the last responses flush
+    engine.stop("server shutting down")
+    server.should_exit = True
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

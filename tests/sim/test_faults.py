@@ -1,0 +1,101 @@
+"""Each injected fault observably happens in a real simulator process."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.helpers import http_ok, wait_until
+from tests.sim.conftest import StartSim
+from tests.sim.streams import stream_chat
+from tests.sim.test_process import LABELS, in_thread, metric
+
+pytestmark = pytest.mark.slow
+
+
+def test_rss_leak_grows_real_memory(start_sim: StartSim) -> None:
+    sim = start_sim("--fault-leak-rss-mb-per-min", "1200")  # 20 MiB a second
+    proc = psutil.Process(sim.proc.pid)
+    before = proc.memory_info().rss
+    time.sleep(2.5)
+    grown = proc.memory_info().rss - before
+    assert grown > 30 * 2**20, grown
+
+
+def test_hung_engine_stays_healthy_but_emits_nothing(start_sim: StartSim) -> None:
+    sim = start_sim("--fault-hang-after", "0.5")
+    time.sleep(0.8)
+    thread, out = in_thread(stream_chat, sim.url, 20, timeout=2.0)
+    wait_until(lambda: metric(sim.url, "vllm:num_requests_running") + metric(sim.url, "vllm:num_requests_waiting")
+               > 0, 5, what="request queued")
+    tokens = metric(sim.url, "vllm:generation_tokens_total")
+    time.sleep(1.0)
+    assert http_ok(sim.url + "/health")  # vllm#39863: /health says nothing about progress
+    assert metric(sim.url, "vllm:generation_tokens_total") == tokens
+    thread.join(5)
+    assert out and not out[0].done and out[0].token_times == []
+
+
+def test_crash_breaks_streams_and_exits_nonzero(start_sim: StartSim) -> None:
+    sim = start_sim("--fault-crash-after", "1.0")
+    thread, out = in_thread(stream_chat, sim.url, 1500)
+    assert sim.proc.wait(timeout=10) != 0
+    thread.join(5)
+    assert out and not out[0].done and out[0].token_times  # it was streaming, then it broke
+    assert "EngineCore died" in sim.output()
+
+
+def test_fail_start_from_environment_exits_before_ready(start_sim: StartSim) -> None:
+    sim = start_sim(wait=False, env={"PITSTOP_SIM_FAULT_FAIL_START": "1"}, startup=0.5)
+    assert sim.proc.wait(timeout=10) != 0
+    assert "Application startup complete" not in sim.output()
+
+
+def test_error_rate_answers_that_share_with_500(start_sim: StartSim) -> None:
+    sim = start_sim("--fault-error-rate", "0.3", "--sim-seed", "7")
+    body = {"model": "test-model", "prompt": "hello", "max_tokens": 1}
+    with httpx.Client(base_url=sim.url) as client:
+        codes = [client.post("/v1/completions", json=body).status_code for _ in range(100)]
+    failures = codes.count(500)
+    assert 15 <= failures <= 45, failures
+    assert codes.count(200) == 100 - failures
+    assert metric(sim.url, "vllm:request_success_total", {**LABELS, "finished_reason": "error"}) == failures
+
+
+def test_cuda_oom_when_one_request_outgrows_the_kv_cache(start_sim: StartSim) -> None:
+    # 0.6 of the tiny profile's 2 GiB leaves 1024 tokens of KV; this request grows to 1150.
+    sim = start_sim("--gpu-memory-utilization", "0.6")
+    response = httpx.post(sim.url + "/v1/completions", timeout=20, json={
+        "model": "test-model", "prompt": "x" * 4000, "max_tokens": 150, "ignore_eos": True})
+    assert response.status_code == 500
+    assert sim.proc.wait(timeout=10) != 0
+    assert "CUDA out of memory" in sim.output()
+
+
+def test_gpu_files_xid_heat_and_vram_leak(start_sim: StartSim) -> None:
+    sim = start_sim("--fault-xid-after", "0.3", "--fault-xid-code", "79", "--fault-hot-gpu-after", "0.3",
+                    "--fault-leak-gpu-mb-per-min", "6000", env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    pid = sim.proc.pid
+    paths = [sim.gpu_dir / f"gpu{i}-{pid}.json" for i in (2, 3)]
+    wait_until(lambda: all(p.exists() for p in paths), 5, what="GPU files")
+    first = json.loads(paths[0].read_text())
+    assert first["uuid"].startswith("GPU-sim-") and first["uuid"].endswith("-2")
+    assert first["pid"] == pid and first["gpu_index"] == 2
+    assert first["name"] and first["memory_total_bytes"] > first["memory_used_bytes"] > 0
+
+    def hot_with_xid() -> bool:
+        r = json.loads(paths[1].read_text())
+        return r["temperature_celsius"] > r["slowdown_temperature_celsius"] and bool(r["xid_events"])
+
+    wait_until(hot_with_xid, 10, what="hot GPU with an XID event")
+    last = json.loads(paths[0].read_text())
+    assert last["xid_events"][0]["code"] == 79
+    assert last["memory_used_bytes"] > first["memory_used_bytes"]  # simulated VRAM leak
+    assert last["updated_at"] > first["updated_at"]
+    sim.terminate()
+    assert sim.proc.wait(timeout=5) == 0
+    assert not any(p.exists() for p in paths)

@@ -1,0 +1,128 @@
+"""/metrics reads like vLLM 0.33's: names, kinds, labels, buckets, and values that match what was served."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+from pathlib import Path
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+import enginesim
+from enginesim.metrics import REQUEST_TIME_BUCKETS
+from tests.sim.inprocess import InProcessSim, inprocess_sim
+
+TSV = Path(enginesim.__file__).parent / "data" / "vllm-metrics.tsv"
+REQUIRED = [
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason",
+    "vllm:kv_cache_usage_perc", "vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens",
+    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:request_success", "vllm:iteration_tokens_total",
+    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+    "vllm:request_time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+    "vllm:request_inference_time_seconds", "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+]
+# Copied from DESIGN.md (vLLM 0.33's buckets), independent of the code's table.
+DESIGN_BUCKETS = {
+    "vllm:time_to_first_token_seconds": ".001 .005 .01 .02 .04 .06 .08 .1 .25 .5 .75 1 2.5 5 7.5 10 20 40 80 160 "
+                                        "640 2560",
+    "vllm:inter_token_latency_seconds": ".01 .025 .05 .075 .1 .15 .2 .3 .4 .5 .75 1 2.5 5 7.5 10 20 40 80",
+    "vllm:e2e_request_latency_seconds": ".3 .5 .8 1 1.5 2 2.5 5 10 15 20 30 40 50 60 120 240 480 960 1920 7680",
+}
+for name in ("queue", "prefill", "decode"):
+    DESIGN_BUCKETS[f"vllm:request_{name}_time_seconds"] = DESIGN_BUCKETS["vllm:e2e_request_latency_seconds"]
+LABELS = {"model_name": "test-model", "engine": "0"}
+
+
+def vllm_table() -> dict[str, tuple[str, str]]:
+    rows = [r for r in csv.reader(TSV.read_text().splitlines(), delimiter="\t") if r and not r[0].startswith("#")]
+    return {r[0]: (r[1], r[2] if len(r) > 2 else "") for r in rows[1:]}
+
+
+async def scrape(sim: InProcessSim) -> dict[str, Metric]:
+    text = (await sim.client.get("/metrics")).text
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_families_names_kinds_labels_and_buckets_match_vllm() -> None:
+    async def go() -> None:
+        async with inprocess_sim() as sim:
+            await sim.client.post("/v1/completions", json={"model": "test-model", "prompt": "hi", "max_tokens": 3})
+            families = await scrape(sim)
+        table = vllm_table()
+        assert set(REQUIRED) <= set(families)
+        assert "process_resident_memory_bytes" in families  # vLLM's registry has the process collector
+        for name, family in families.items():
+            if not name.startswith("vllm:"):
+                continue
+            if name.endswith("_created") and name.removesuffix("_created") in families:
+                continue  # the text parser splits a counter's _created series off as its own gauge
+            assert name in table, f"{name} is not a vLLM 0.33 family"
+            kind, labels = table[name]
+            assert family.type == kind, name
+            if labels.startswith("labelnames"):
+                extra = labels.split("['")[1].split("']")[0] if "+" in labels else None
+                expected = {"model_name", "engine", *([extra] if extra else [])}
+                for sample in family.samples:
+                    assert set(sample.labels) - {"le"} == expected, (name, sample)
+        for name, buckets in DESIGN_BUCKETS.items():
+            les = [s.labels["le"] for s in families[name].samples if s.name.endswith("_bucket")]
+            assert [float(x) for x in les[:-1]] == [float(b) for b in buckets.split()], name
+            assert les[-1] == "+Inf"
+        assert REQUEST_TIME_BUCKETS[-1] == 7680.0
+        text_names = {s.name for f in families.values() for s in f.samples}
+        assert {"vllm:request_success_total", "vllm:request_success_created"} <= text_names
+    asyncio.run(go())
+
+
+def test_counters_match_what_was_served() -> None:
+    async def go() -> None:
+        async with inprocess_sim() as sim:
+            prompt_sum = completion_sum = 0
+            for i in range(5):
+                r = await sim.client.post("/v1/chat/completions", json={
+                    "model": "test-model", "messages": [{"role": "user", "content": f"question {i} " * 5}],
+                    "max_tokens": 20})
+                usage = r.json()["usage"]
+                prompt_sum += usage["prompt_tokens"]
+                completion_sum += usage["completion_tokens"]
+            await sim.client.post("/v1/chat/completions", json={"model": "nope", "messages": []})
+            reg = sim.ctx.registry
+            success = sum(reg.get_sample_value("vllm:request_success_total", {**LABELS, "finished_reason": r}) or 0
+                          for r in ("stop", "length", "abort", "error", "repetition"))
+            assert success == 5
+            assert reg.get_sample_value("vllm:generation_tokens_total", LABELS) == completion_sum
+            assert reg.get_sample_value("vllm:prompt_tokens_total", LABELS) == prompt_sum
+            assert reg.get_sample_value("vllm:e2e_request_latency_seconds_count", LABELS) == 5
+            assert reg.get_sample_value("vllm:time_to_first_token_seconds_count", LABELS) == 5
+            assert reg.get_sample_value("vllm:request_generation_tokens_sum", LABELS) == completion_sum
+            assert reg.get_sample_value("vllm:num_requests_running", LABELS) == 0
+            assert reg.get_sample_value("vllm:kv_cache_usage_perc", LABELS) == 0
+    asyncio.run(go())
+
+
+def test_repeated_prompt_hits_the_prefix_cache() -> None:
+    async def go() -> None:
+        async with inprocess_sim() as sim:
+            body = {"model": "test-model", "prompt": "shared system prompt " * 20, "max_tokens": 2}
+            await sim.client.post("/v1/completions", json=body)
+            await sim.client.post("/v1/completions", json=body)
+            reg = sim.ctx.registry
+            assert reg.get_sample_value("vllm:prefix_cache_queries_total", LABELS) == 2 * 105
+            assert reg.get_sample_value("vllm:prefix_cache_hits_total", LABELS) == 96  # whole 16-token blocks
+    asyncio.run(go())
+
+
+def test_shared_system_prompt_hits_the_prefix_cache_across_conversations() -> None:
+    system = {"role": "system", "content": "You are a careful assistant. " * 20}  # 145 tokens + 4
+
+    async def go() -> None:
+        async with inprocess_sim() as sim:
+            for question in ("first question", "a different question"):
+                await sim.client.post("/v1/chat/completions", json={
+                    "model": "test-model", "max_tokens": 2,
+                    "messages": [system, {"role": "user", "content": question}]})
+            hits = sim.ctx.registry.get_sample_value("vllm:prefix_cache_hits_total", LABELS)
+            assert hits == 144  # the system message's 149 tokens, in whole 16-token blocks
+    asyncio.run(go())
