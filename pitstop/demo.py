@@ -120,12 +120,14 @@ def _get_ok(url: str) -> bool:
         return False
 
 
-def _replicas_ready(agent_url: str, count: int) -> bool:
+def _replicas_ready(url: str, count: int, token: str | None = None) -> bool:
+    """At least ``count`` READY replicas in the list at ``url`` (the agent's, or the control plane's)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        replicas = httpx.get(f"{agent_url}/v1/replicas", timeout=2).json()
+        replicas = httpx.get(url, headers=headers, timeout=2).json()
     except (httpx.HTTPError, ValueError):
         return False
-    return sum(1 for r in replicas if r.get("ready")) >= count
+    return isinstance(replicas, list) and sum(1 for r in replicas if r.get("ready")) >= count
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -213,7 +215,11 @@ def main(argv: Sequence[str]) -> int:
             console.start()
             started.append(console)
         print(f"pitstop demo: waiting for {args.replicas} replicas to start and warm up …")
-        wait_for(lambda: _replicas_ready(agent_url, args.replicas), args.ready_timeout, "READY replicas", started)
+        wait_for(lambda: _replicas_ready(f"{agent_url}/v1/replicas", args.replicas), args.ready_timeout,
+                 "READY replicas", started)
+        # The console shows what the control plane knows: wait for the agent's next report too.
+        wait_for(lambda: _replicas_ready(f"{api_url}/v1/replicas", args.replicas, operator_token), 30,
+                 "the control plane to see the READY replicas", started)
         if not args.no_console:
             wait_for(lambda: _get_ok(f"{console_url}/_stcore/health"), 60, "the console", started)
         if not args.no_load:

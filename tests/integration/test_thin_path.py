@@ -17,11 +17,13 @@ from tests.integration.conftest import Processes
 pytestmark = pytest.mark.slow
 
 TOKEN = "integration-agent-token"
+VIEWER = "integration-viewer-token"
+READ = {"Authorization": f"Bearer {VIEWER}"}
 
 
 def _replicas(url: str) -> list[dict[str, Any]]:
     try:
-        data = httpx.get(url, timeout=3).json()
+        data = httpx.get(url, headers=READ, timeout=3).json()
     except (httpx.HTTPError, ValueError):
         return []
     return data if isinstance(data, list) else data.get("replicas", data.get("items", []))
@@ -33,7 +35,12 @@ def _start_fleet(tmp_path: Path, processes: Processes, replicas: int) -> tuple[s
     server_cfg = tmp_path / "server.yaml"
     server_cfg.write_text(
         yaml.safe_dump(
-            {"port": api_port, "database_url": f"sqlite:///{tmp_path / 'fleet.db'}", "agent_tokens": [TOKEN]}
+            {
+                "port": api_port,
+                "database_url": f"sqlite:///{tmp_path / 'fleet.db'}",
+                "agent_tokens": [TOKEN],
+                "viewer_tokens": [VIEWER],
+            }
         )
     )
     agent_cfg = tmp_path / "agent.yaml"
@@ -88,7 +95,7 @@ def test_agent_supervises_simulated_replicas_and_the_control_plane_sees_them(
     for name in ("r0", "r1"):
         assert httpx.get(f"{agent}/v1/replicas/{name}/ready", timeout=3).status_code == 200
 
-    nodes = httpx.get(f"{api}/v1/nodes", timeout=3).json()
+    nodes = httpx.get(f"{api}/v1/nodes", headers=READ, timeout=3).json()
     nodes = nodes if isinstance(nodes, list) else nodes.get("nodes", [])
     assert [n["name"] for n in nodes] == ["it-node"]
 
@@ -102,7 +109,7 @@ def test_agent_supervises_simulated_replicas_and_the_control_plane_sees_them(
         assert r.status_code == 200
 
     def gpus_reported() -> bool:
-        gpus = httpx.get(f"{api}/v1/gpus", timeout=3).json()
+        gpus = httpx.get(f"{api}/v1/gpus", headers=READ, timeout=3).json()
         gpus = gpus if isinstance(gpus, list) else gpus.get("gpus", [])
         return len(gpus) == 2 and all(g.get("temperature_celsius") is not None for g in gpus)
 
@@ -121,6 +128,6 @@ def test_agent_supervises_simulated_replicas_and_the_control_plane_sees_them(
         return row is not None and row.get("restarts_total", 0) >= 1 and row.get("state") == "READY"
 
     wait_until(restarted, 90, what="r0 restarted after kill -9 and READY again")
-    events = httpx.get(f"{api}/v1/events", params={"replica": "r0"}, timeout=3).json()
+    events = httpx.get(f"{api}/v1/events", params={"replica": "r0"}, headers=READ, timeout=3).json()
     events = events if isinstance(events, list) else events.get("events", [])
     assert any(e.get("to_state") == "BACKOFF" for e in events), events

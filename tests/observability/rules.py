@@ -1,0 +1,127 @@
+"""Read the repository's alert rules, promtool tests and dashboards, and the series the exporters declare."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client import CollectorRegistry
+
+from agent.exporter import AgentCollector, ExportState
+from agent.wire import EngineSample, GpuSample, ProcessSample, ReplicaState, ReplicaStatus
+from controlplane.api.telemetry import Telemetry
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "alerts" / "pitstop-rules.yml"
+RULE_TESTS = sorted((ROOT / "alerts" / "tests").glob("*.yml"))
+DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
+
+# PromQL identifiers; string literals are removed first so label values never count as series.
+_IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+_RANGE = re.compile(r"\[[^\]]*\]")
+
+
+def load_rules(path: Path = RULES) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def all_rules(data: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for group in data["groups"]:
+        yield from group["rules"]
+
+
+def alerts(data: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in all_rules(data) if "alert" in r]
+
+
+def recorded_names(data: dict[str, Any]) -> set[str]:
+    return {r["record"] for r in all_rules(data) if "record" in r}
+
+
+def pitstop_series(expr: str) -> set[str]:
+    """Every identifier in ``expr`` that names a Pitstop series or a Pitstop recording rule."""
+    bare = _RANGE.sub("", _STRING.sub('""', expr))
+    return {name for name in _IDENT.findall(bare) if "pitstop_" in name}
+
+
+def alerts_expected_to_fire(paths: list[Path] = RULE_TESTS) -> set[str]:
+    """Alert names that some promtool test expects to fire."""
+    names: set[str] = set()
+    for path in paths:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                if case.get("exp_alerts"):
+                    names.add(case["alertname"])
+    return names
+
+
+def exported_series() -> set[str]:
+    """Sample names the agent and the control plane expose, read from their own collectors."""
+    now = datetime.now(UTC)
+    engine = EngineSample(**{name: 1.0 for name, f in EngineSample.model_fields.items()
+                             if f.annotation in (float | None,)}, stalled=True)
+    replica = ReplicaStatus(
+        name="r0", model="m", url="http://127.0.0.1:1", state=ReplicaState.READY, ready=True, state_since=now,
+        engine=engine, process=ProcessSample(pid=1, rss_bytes=1, num_processes=1, gpu_memory_bytes=1),
+        canary_ttft_seconds=0.1, canary_ok=True,
+    )
+    gpu = GpuSample(index=0, uuid="GPU-0", name="gpu", temperature_celsius=50, slowdown_temperature_celsius=89,
+                    memory_used_bytes=1, memory_total_bytes=2, utilization_ratio=0.5, power_watts=100,
+                    power_limit_watts=700, ecc_uncorrected_total=0, xid_events_total=0)
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(lambda: ExportState(node="n", gpus=[gpu], replicas=[replica])))
+    names = _sample_names(registry)
+    return names | _sample_names(Telemetry().registry)
+
+
+# Sample-name suffixes by family type: a labelled metric with no child yet has a family but no samples.
+_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+
+
+def _sample_names(registry: CollectorRegistry) -> set[str]:
+    names = set()
+    for family in registry.collect():
+        names |= {sample.name for sample in family.samples}
+        names |= {family.name + suffix for suffix in _SUFFIXES.get(family.type, ())}
+    return names
+
+
+def dashboard_exprs(path: Path) -> list[tuple[str, str]]:
+    """(panel title, expr) for every target of every panel, rows included."""
+    board = json.loads(path.read_text())
+    found: list[tuple[str, str]] = []
+
+    def walk(panels: list[dict[str, Any]]) -> None:
+        for panel in panels:
+            for target in panel.get("targets", []):
+                if target.get("expr"):
+                    found.append((panel.get("title", "?"), target["expr"]))
+            walk(panel.get("panels", []))
+
+    walk(board.get("panels", []))
+    return found
+
+
+def dashboard_variable_exprs(path: Path) -> list[str]:
+    board = json.loads(path.read_text())
+    out = []
+    for var in board.get("templating", {}).get("list", []):
+        query = var.get("query")
+        if var.get("type") == "query":
+            out.append(query["query"] if isinstance(query, dict) else query)
+    return out
+
+
+def concrete(expr: str) -> str:
+    """A dashboard expr with Grafana's variables replaced so Prometheus can run it."""
+    for name, value in (("$__rate_interval", "1m"), ("$__interval", "15s"), ("$__range", "1h")):
+        expr = expr.replace(name, value)
+    return re.sub(r"\$\{?(node|model|replica|gpu)\}?", ".*", expr)
