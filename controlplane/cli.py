@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from controlplane import token_cli
 from controlplane.config import ConfigError, ServerConfig, load_config
 
 
@@ -36,10 +37,11 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the Pitstop control plane: agents report here, the console reads here. "
                     "Migrations are applied on start. OpenAPI docs at /docs.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{migrate}")
+    sub = parser.add_subparsers(dest="command", metavar="{migrate,token}")
     # SUPPRESS: flags given before "migrate" must survive the subcommand's own (absent) defaults.
     sub.add_parser("migrate", parents=[_common(argparse.SUPPRESS)], help="apply database migrations and exit",
                    description="Bring the database to the latest schema revision and exit.")
+    token_cli.add_parser(sub, _common(argparse.SUPPRESS))
     return parser
 
 
@@ -80,12 +82,11 @@ def _serve(config: ServerConfig, log_level: str) -> int:
     from controlplane.api.app import create_app
 
     app = create_app(config)
-    if config.host not in ("127.0.0.1", "::1", "localhost") and not config.agent_tokens:
-        print("pitstop server: warning: listening beyond loopback with no agent_tokens; anyone who can reach "
-              "this port can write fleet state", file=sys.stderr)
-    print(f"pitstop server: listening on http://{config.host}:{config.port} "
+    scheme = "https" if config.tls_cert_file else "http"
+    print(f"pitstop server: listening on {scheme}://{config.host}:{config.port} "
           f"(database {_safe_url(config.database_url)}; docs at /docs)", flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=log_level)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=log_level,
+                ssl_certfile=config.tls_cert_file, ssl_keyfile=config.tls_key_file)
     return 0
 
 
@@ -95,9 +96,14 @@ def main(argv: Sequence[str]) -> int:
         config = _settings(args)
         if args.command == "migrate":
             return _migrate(config)
+        if args.command == "token":
+            return token_cli.run(args, config.database_url, sys.stdout)
         return _serve(config, args.log_level)
     except ConfigError as exc:
         print(f"pitstop server: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"pitstop server: {exc}", file=sys.stderr)
         return 2
     except SQLAlchemyError as exc:
         print(f"pitstop server: database error: {exc.__class__.__name__}: {exc}", file=sys.stderr)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "PITSTOP_SERVER_"
 DEFAULT_DATABASE_URL = "sqlite:///.pitstop/pitstop.db"
@@ -36,6 +36,19 @@ class ServerConfig(BaseModel):
     # Read endpoints need one of these (operator tokens also read) when either list is not empty.
     operator_tokens: list[SecretStr] = Field(default_factory=list)
     viewer_tokens: list[SecretStr] = Field(default_factory=list)
+    # Manage tokens (and, later, policies); also operate and read.
+    admin_tokens: list[SecretStr] = Field(default_factory=list)
+    # Serve HTTPS with this certificate chain and key (PEM). Both or neither.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    # Leadership: followers try to take the lock this often, so a dead leader is replaced within it.
+    leader_poll_seconds: float = Field(default=2.0, gt=0)
+    # The leader applies approved actions and reconciles running ones this often.
+    executor_interval_seconds: float = Field(default=2.0, gt=0)
+    # A running action whose replica is not READY at the desired generation by then has failed.
+    action_deadline_seconds: float = Field(default=600.0, gt=0)
+    # Policy files for the evaluation job (None: the built-in defaults).
+    policy_dir: str | None = None
     # A node whose last report is older than this reads as ``stale``.
     stale_after_seconds: float = Field(default=30.0, gt=0)
     # Samples at full resolution for this long, then one-minute averages until ``sample_retention_seconds``.
@@ -55,7 +68,13 @@ class ServerConfig(BaseModel):
             raise ValueError("must start with sqlite:// or postgresql+psycopg://")
         return value
 
-    @field_validator("agent_tokens", "operator_tokens", "viewer_tokens", mode="before")
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        return self
+
+    @field_validator("agent_tokens", "operator_tokens", "viewer_tokens", "admin_tokens", mode="before")
     @classmethod
     def _split_tokens(cls, value: Any) -> Any:
         # Environment variables carry lists as comma-separated text.

@@ -1,12 +1,11 @@
 """Sample retention: raw points for a while, then one-minute averages, then nothing.
 
-``downsample`` is the pure part; ``prune_samples`` applies it in one transaction; ``RetentionLoop`` runs it
-every ``retention_interval_seconds`` inside the app's lifespan (an asyncio task, not a process-wide scheduler).
+``downsample`` is the pure part; ``prune_samples`` applies it in one transaction; ``RetentionLoop.run_once``
+is one round, which the leader's scheduler (``controlplane.jobs``) runs every ``retention_interval_seconds``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -15,9 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.concurrency import run_in_threadpool
 
 from controlplane.config import ServerConfig
 from controlplane.store.db import session_scope
@@ -76,13 +73,12 @@ def prune_samples(*, session: Session, now: datetime, full_resolution: timedelta
 
 
 class RetentionLoop:
-    """Runs ``prune_samples`` periodically on the app's event loop; stopped by the app's lifespan."""
+    """One retention round over the app's sessions, with the app's clock and settings."""
 
     def __init__(self, sessions: sessionmaker[Session], *, clock: Callable[[], datetime], config: ServerConfig):
         self._sessions = sessions
         self._clock = clock
         self._config = config
-        self._task: asyncio.Task[None] | None = None
 
     def run_once(self) -> PruneResult:
         with session_scope(self._sessions) as session:
@@ -91,23 +87,3 @@ class RetentionLoop:
                 full_resolution=timedelta(seconds=self._config.sample_full_resolution_seconds),
                 retention=timedelta(seconds=self._config.sample_retention_seconds),
             )
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._config.retention_interval_seconds)
-            try:
-                result = await run_in_threadpool(self.run_once)
-            except SQLAlchemyError:
-                # The database may be briefly away (failover, lock); the next round retries the same work.
-                log.exception("sample retention failed; retrying in %.0fs", self._config.retention_interval_seconds)
-                continue
-            log.info("sample retention: %s", result)
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="pitstop-retention")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None

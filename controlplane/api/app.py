@@ -1,63 +1,76 @@
-"""``create_app(config)``: the control plane's FastAPI app, with its own engine, registry and clock."""
+"""``create_app(config)``: the control plane's FastAPI app, with its own engine, registry, clock and scheduler."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
 
-from controlplane.api import desired, fleet, health, reports
-from controlplane.api.auth import TokenCheck
+from controlplane.api import actions, admin, desired, fleet, health, reports
+from controlplane.api.auth import Authenticator
 from controlplane.api.context import AppContext, Clock, utc_now
-from controlplane.api.telemetry import Telemetry
+from controlplane.api.telemetry import Telemetry, TelemetryMiddleware
 from controlplane.config import ServerConfig
-from controlplane.retention import RetentionLoop
+from controlplane.jobs import Jobs, PolicyHook
+from controlplane.leader import Leadership, leadership_for
 from controlplane.store.db import make_engine, make_sessionmaker, migrate
 
+log = logging.getLogger(__name__)
 
-def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_retention: bool = True) -> FastAPI:
-    """Build an app over ``config.database_url``, migrating the database to the latest revision first."""
+OPEN_MODE_WARNING = (
+    "NO API TOKENS EXIST: the control plane is open, anyone who can reach it may write fleet state. "
+    "Create one with 'pitstop server token create --role admin' (or set admin_tokens) to close it."
+)
+
+
+def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool = True,
+               leadership: Leadership | None = None, policy_hook: PolicyHook | None = None) -> FastAPI:
+    """Build an app over ``config.database_url``, migrating the database to the latest revision first.
+
+    ``run_jobs`` starts the scheduler (leader election, executor, retention, policy hook) with the app's
+    lifespan; tests that drive the jobs by hand turn it off.
+    """
     engine = make_engine(config.database_url)
     migrate(engine)
+    sessions = make_sessionmaker(engine)
     ctx = AppContext(
-        config=config,
-        engine=engine,
-        sessions=make_sessionmaker(engine),
-        clock=clock,
-        telemetry=Telemetry(),
-        agent_auth=TokenCheck(config.agent_tokens, "agent"),
-        read_auth=TokenCheck([*config.operator_tokens, *config.viewer_tokens], "viewer"),
-        # Writes are open only in a token-free setup; once any token is configured they need an operator's.
-        operator_auth=TokenCheck(config.operator_tokens, "operator",
-                                 closed_when_empty=bool(config.agent_tokens or config.viewer_tokens)),
+        config=config, engine=engine, sessions=sessions, clock=clock, telemetry=Telemetry(),
+        auth=Authenticator(config, sessions, clock=clock),
+        leadership=leadership if leadership is not None else leadership_for(config.database_url),
+        report_writer=threading.Lock() if engine.dialect.name == "sqlite" else nullcontext(),
     )
-    retention = RetentionLoop(ctx.sessions, clock=clock, config=config) if run_retention else None
+    jobs = Jobs(sessions=sessions, leadership=ctx.leadership, config=config, clock=clock,
+                on_leadership=lambda leads: ctx.telemetry.leader.set(1 if leads else 0), policy_hook=policy_hook)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if retention is not None:
-            retention.start()
+        if await run_in_threadpool(ctx.auth.open_mode):
+            log.warning(OPEN_MODE_WARNING)
+        if run_jobs:
+            await run_in_threadpool(jobs.start)
         try:
             yield
         finally:
-            if retention is not None:
-                await retention.stop()
+            if run_jobs:
+                await run_in_threadpool(jobs.stop)
             engine.dispose()
 
     app = FastAPI(
         title="Pitstop control plane",
         summary="Fleet state for vLLM: agents report here and read back their desired state.",
-        version="0.1.0",
+        version="0.2.0",
         lifespan=lifespan,
     )
     app.state.pitstop = ctx
-    app.middleware("http")(ctx.telemetry.middleware)
-    app.include_router(reports.router)
-    app.include_router(fleet.router)
-    app.include_router(desired.router)
-    app.include_router(health.router)
+    app.state.jobs = jobs
+    app.add_middleware(TelemetryMiddleware, telemetry=ctx.telemetry)
+    for router in (reports.router, fleet.router, desired.router, actions.router, admin.router, health.router):
+        app.include_router(router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from fastapi import Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.api.auth import TokenCheck
+from controlplane.api.auth import Authenticator
 from controlplane.api.telemetry import Telemetry
 from controlplane.config import ServerConfig
+from controlplane.leader import Leadership
+from controlplane.security.roles import Principal, Role
 
 Clock = Callable[[], datetime]
 
@@ -28,9 +31,11 @@ class AppContext:
     sessions: sessionmaker[Session]
     clock: Clock
     telemetry: Telemetry
-    agent_auth: TokenCheck
-    read_auth: TokenCheck
-    operator_auth: TokenCheck
+    auth: Authenticator
+    leadership: Leadership
+    # Serialises report writes where the database has one writer (SQLite): threads queue on a lock in
+    # order instead of polling SQLite's busy timeout, which under load made a convoy of sleeping writers.
+    report_writer: AbstractContextManager[object] = field(default_factory=nullcontext)
 
     @property
     def stale_after(self) -> timedelta:
@@ -55,5 +60,22 @@ def get_session(request: Request) -> Iterator[Session]:
         session.close()
 
 
-def require_reader(request: Request) -> None:
-    get_context(request).read_auth.require(request)
+def client_address(request: Request) -> str | None:
+    """Where a write came from, for the audit log."""
+    return None if request.client is None else f"{request.client.host}:{request.client.port}"
+
+
+def _principal(request: Request, needed: Role) -> Principal:
+    return get_context(request).auth.require(request.headers.get("authorization"), needed)
+
+
+def require_reader(request: Request) -> Principal:
+    return _principal(request, Role.VIEWER)
+
+
+def require_operator(request: Request) -> Principal:
+    return _principal(request, Role.OPERATOR)
+
+
+def require_admin(request: Request) -> Principal:
+    return _principal(request, Role.ADMIN)

@@ -9,17 +9,23 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from sqlalchemy.orm import Session
 
 from agent.wire import NAME_PATTERN
-from controlplane.api.context import AppContext, get_context, get_session, require_reader
+from controlplane import audit
+from controlplane.api.context import (
+    AppContext,
+    client_address,
+    get_context,
+    get_session,
+    require_operator,
+    require_reader,
+)
 from controlplane.fleet.desired import DesiredChange, DesiredOut, forget_node, list_desired, set_desired
+from controlplane.security.roles import Principal
 
 router = APIRouter(prefix="/v1", tags=["desired state"])
 
 Ctx = Annotated[AppContext, Depends(get_context)]
 Db = Annotated[Session, Depends(get_session)]
-
-
-def require_operator(request: Request) -> None:
-    get_context(request).operator_auth.require(request)
+Operator = Annotated[Principal, Depends(require_operator)]
 
 
 @router.get("/desired", response_model=list[DesiredOut], dependencies=[Depends(require_reader)],
@@ -28,16 +34,23 @@ def desired(session: Db, node: str | None = None) -> list[DesiredOut]:
     return list_desired(session=session, node=node)
 
 
-@router.put("/desired/{node}/{name}", response_model=DesiredOut, dependencies=[Depends(require_operator)],
-            summary="Change one replica's engine args, restart it, or stop/start it")
-def change(node: str, name: str, body: DesiredChange, ctx: Ctx, session: Db) -> DesiredOut:
+@router.put("/desired/{node}/{name}", response_model=DesiredOut,
+            summary="Change one replica's engine args, restart it, or stop/start it (bypasses the guardrails: "
+                    "prefer POST /v1/replicas/{node}/{name}/actions)")
+def change(node: str, name: str, body: DesiredChange, request: Request, ctx: Ctx, session: Db,
+           who: Operator) -> DesiredOut:
     if not (re.match(NAME_PATTERN, node) and re.match(NAME_PATTERN, name)):
         raise HTTPException(422, "node and replica names must match " + NAME_PATTERN)
-    return set_desired(session=session, node=node, name=name, change=body, now=ctx.clock())
+    out = set_desired(session=session, node=node, name=name, change=body, now=ctx.clock())
+    audit.record(session=session, who=who, what="desired.set", target=f"replica:{node}/{name}", now=ctx.clock(),
+                 client=client_address(request), detail=body.model_dump(mode="json"))
+    return out
 
 
-@router.delete("/nodes/{node}", status_code=204, dependencies=[Depends(require_operator)],
+@router.delete("/nodes/{node}", status_code=204,
                summary="Forget a decommissioned node (it reappears if its agent reports again)")
-def forget(node: str, session: Db) -> None:
+def forget(node: str, request: Request, ctx: Ctx, session: Db, who: Operator) -> None:
     if not forget_node(session=session, node=node):
         raise HTTPException(404, f"no node named {node!r}")
+    audit.record(session=session, who=who, what="node.forget", target=f"node:{node}", now=ctx.clock(),
+                 client=client_address(request))

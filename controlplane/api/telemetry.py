@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 
-from fastapi import Request, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Reasons a report is refused; a fixed set so the label's cardinality is bounded.
 REJECT_REASONS = ("unauthorized", "forbidden", "too_large", "malformed", "node_mismatch", "protocol_version")
@@ -34,29 +33,52 @@ class Telemetry:
             "pitstop_cp_nodes", "Known nodes by status (updated on each scrape).", ["status"],
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "pitstop_cp_leader", "1 while this control plane is the leader (runs the scheduler and executor).",
+            registry=self.registry,
+        )
+        self.actions = Gauge(
+            "pitstop_cp_actions", "Actions in the store by kind and state (outcome), updated on each scrape.",
+            ["kind", "state"], registry=self.registry,
+        )
         for reason in REJECT_REASONS:
             self.reports_rejected.labels(reason=reason)
 
     def reject(self, reason: str) -> None:
         self.reports_rejected.labels(reason=reason).inc()
 
-    async def middleware(
-        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
+
+class TelemetryMiddleware:
+    """Pure ASGI middleware timing every HTTP request (Starlette's BaseHTTPMiddleware costs a task and a
+    stream per request, which showed at 200 reports a second)."""
+
+    def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
+        self.app = app
+        self.telemetry = telemetry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         start = time.perf_counter()
         status = 500
+
+        async def record_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
         try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
+            await self.app(scope, receive, record_status)
         finally:
-            self.request_seconds.labels(
-                method=request.method, route=_route_template(request), status=str(status)
+            self.telemetry.request_seconds.labels(
+                method=scope["method"], route=_route_template(scope), status=str(status)
             ).observe(time.perf_counter() - start)
 
 
-def _route_template(request: Request) -> str:
+def _route_template(scope: Scope) -> str:
     # The template (/v1/nodes/{node}), never the raw path: node names must not become label values.
     # The router records the matched route in the scope it shares with this middleware.
-    route = request.scope.get("route")
+    route = scope.get("route")
     return str(getattr(route, "path_format", None) or getattr(route, "path", None) or "unmatched")

@@ -40,7 +40,9 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    # As many connections as request threads (Starlette's threadpool holds 40): under a burst of reports a
+    # smaller pool made threads wait for a connection until they timed out with a 500.
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=30, pool_timeout=10)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -128,3 +128,102 @@ class DesiredReplica(Base):
     engine_args: Mapped[list[Any]]
     enabled: Mapped[bool] = mapped_column(default=True)
     updated_at: Mapped[datetime]
+
+
+class ActionRow(Base):
+    """One action, automatic or an operator's: proposed -> approved -> running -> succeeded/failed/rolled_back.
+
+    ``suppressed``, ``shadow`` and ``rejected`` are final states for actions the guardrails or an operator held
+    back. The state column is also the claim: the executor moves approved -> running with a WHERE on the old
+    state, so two control planes can never both apply one action.
+    """
+
+    __tablename__ = "actions"
+    __table_args__ = (Index("ix_actions_state_created", "state", "created_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    target_kind: Mapped[str] = mapped_column(String(16))  # node | replica | model | gpu
+    target: Mapped[str] = mapped_column(String(256), index=True)  # Target.key, e.g. replica:gpu-a/r0
+    node: Mapped[str | None] = mapped_column(String(64))
+    replica: Mapped[str | None] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(256))
+    params: Mapped[dict[str, Any]]
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    policy: Mapped[str | None] = mapped_column(String(64), index=True)  # None for an operator's action
+    evidence: Mapped[list[Any]]
+    guardrails: Mapped[list[Any]]  # the guardrail decisions, in order
+    replicas: Mapped[list[Any]]  # node/replica keys the action disrupts
+    disruptive: Mapped[bool] = mapped_column(default=True)
+    expected_generation: Mapped[int | None]
+    requested_by: Mapped[str] = mapped_column(String(128))
+    approved_by: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    outcome: Mapped[str] = mapped_column(Text, default="")
+
+
+class AuditEntry(Base):
+    """Who did what, when, from where, to what: one row per write, in the write's own transaction."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))
+    client: Mapped[str | None] = mapped_column(String(128))
+    what: Mapped[str] = mapped_column(String(128))
+    target: Mapped[str] = mapped_column(String(256), default="")
+    detail: Mapped[dict[str, Any]]
+
+
+class AlertRow(Base):
+    __tablename__ = "alerts"
+    __table_args__ = (UniqueConstraint("fingerprint", "starts_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+    labels: Mapped[dict[str, Any]]
+    annotations: Mapped[dict[str, Any]]
+    severity: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))  # firing | resolved
+    starts_at: Mapped[datetime]
+    ends_at: Mapped[datetime | None]
+    action_id: Mapped[int | None] = mapped_column(ForeignKey("actions.id", ondelete="SET NULL"))
+    updated_at: Mapped[datetime]
+
+
+class NotificationDelivery(Base):
+    __tablename__ = "notification_deliveries"
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    alert_id: Mapped[int] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), index=True)
+    receiver: Mapped[str] = mapped_column(String(128))
+    attempt: Mapped[int] = mapped_column(default=1)
+    status: Mapped[str] = mapped_column(String(16))  # pending | sent | failed
+    response_code: Mapped[int | None]
+    error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime]
+    next_retry_at: Mapped[datetime | None] = mapped_column(index=True)
+
+
+class ApiToken(Base):
+    """An API token: only a salted SHA-256 of its secret is kept; the token itself is shown once."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))  # viewer | operator | admin | agent
+    node: Mapped[str | None] = mapped_column(String(64))  # agent tokens: the only node it may report as
+    salt: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+    replaced_by: Mapped[int | None]

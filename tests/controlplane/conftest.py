@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from controlplane.api.app import create_app
 from controlplane.config import ServerConfig
+from tests.controlplane import pg
 from tests.controlplane.fixtures import FakeClock
 from tests.helpers import free_port, http_ok, wait_until
 
@@ -20,8 +21,28 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+@pytest.fixture(scope="session")
+def postgres_address() -> Iterator[str]:
+    """One throw-away PostgreSQL server for the whole session (each test gets its own database)."""
+    reason = pg.missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with pg.postgres_server() as address:
+        yield address
+
+
 @pytest.fixture
-def db_url(tmp_path: Path) -> str:
+def postgres_url(postgres_address: str) -> Iterator[str]:
+    with pg.fresh_database(postgres_address) as url:
+        yield url
+
+
+# The store and API tests run on both backends: SQLite (the default) and PostgreSQL.
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgresql":
+        url: str = request.getfixturevalue("postgres_url")
+        return url
     return f"sqlite:///{tmp_path / 'pitstop.db'}"
 
 
@@ -43,8 +64,9 @@ def client(app: FastAPI) -> Iterator[TestClient]:
 
 @pytest.fixture
 def live_api(tmp_path: Path) -> Iterator[str]:
-    """A real control plane (viewer token "look") served by uvicorn in a thread on a free loopback port."""
-    config = ServerConfig(database_url=f"sqlite:///{tmp_path / 'cp.db'}", viewer_tokens=["look"])
+    """A real control plane (viewer token "look", agent token "agent") served by uvicorn in a thread."""
+    config = ServerConfig(database_url=f"sqlite:///{tmp_path / 'cp.db'}", viewer_tokens=["look"],
+                          agent_tokens=["agent"])
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

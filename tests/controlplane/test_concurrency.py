@@ -17,7 +17,8 @@ def test_concurrent_reports_from_many_nodes_all_land(live_api: str) -> None:
     lock = threading.Lock()
 
     def agent(n: int) -> None:
-        with httpx.Client(base_url=live_api, timeout=30) as client:
+        # Once any token exists, reports need an agent token too.
+        with httpx.Client(base_url=live_api, timeout=30, headers={"Authorization": "Bearer agent"}) as client:
             for seq in range(1, REPORTS + 1):
                 r = report(f"node-{n}", sequence=seq, sent_at=T0 + timedelta(seconds=seq),
                            replicas=[replica(f"r{k}") for k in range(4)])

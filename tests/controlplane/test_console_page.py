@@ -34,7 +34,8 @@ def test_page_shows_reported_replicas(live_api: str, monkeypatch: pytest.MonkeyP
     for seq, sent in ((1, T0), (2, T0 + timedelta(seconds=5))):
         reps = [replica("chat-0", restarts=4), replica("chat-1", state=ReplicaState.BACKOFF)]
         r = report(sequence=seq, sent_at=sent, replicas=reps)
-        httpx.post(f"{live_api}/v1/agents/gpu-a/report", json=body(r), timeout=10).raise_for_status()
+        httpx.post(f"{live_api}/v1/agents/gpu-a/report", json=body(r), timeout=10,
+                   headers={"Authorization": "Bearer agent"}).raise_for_status()
     page = run_page(monkeypatch, live_api, "look")
     assert not page.error
     assert [w.value for w in page.warning] == ["replica gpu-a/chat-1 is BACKOFF after 0 restarts"]

@@ -60,7 +60,9 @@ def test_writes_need_an_operator_token(guarded: TestClient) -> None:
 
 def test_writes_are_closed_when_tokens_exist_but_no_operator_token(db_url: str, clock) -> None:
     with TestClient(create_app(ServerConfig(database_url=db_url, agent_tokens=["agent"]), clock=clock)) as c:
-        assert c.put("/v1/desired/gpu-a/r0", json={"restart": True}).status_code == 403
+        assert c.put("/v1/desired/gpu-a/r0", json={"restart": True}).status_code == 401
+        agent = {"Authorization": "Bearer agent"}
+        assert c.put("/v1/desired/gpu-a/r0", json={"restart": True}, headers=agent).status_code == 403
 
 
 def test_forgetting_a_node_removes_its_state_but_keeps_events(client: TestClient) -> None:

@@ -1,0 +1,149 @@
+"""Operator actions: act on a replica or a node, list and get actions, approve or reject proposed ones.
+
+Every request becomes an action record through the guardrails (``remediation.operator``); an approved one is
+applied at once by the executor (the leader's executor job would pick it up otherwise), and every write here
+is audited in its own transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from controlplane import audit
+from controlplane.api.context import (
+    AppContext,
+    client_address,
+    get_context,
+    get_session,
+    require_operator,
+    require_reader,
+)
+from controlplane.remediation import records
+from controlplane.remediation.executor import apply_action
+from controlplane.remediation.operator import (
+    NodeActionRequest,
+    NotFound,
+    ReplicaActionRequest,
+    propose_node_action,
+    propose_replica_action,
+)
+from controlplane.remediation.records import ActionOut
+from controlplane.security.roles import Principal, Role
+from controlplane.store.db import session_scope
+from controlplane.store.models import ActionRow
+
+# Ids are database integers: a larger number is a 422, not an overflow in the driver.
+RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
+router = APIRouter(prefix="/v1", tags=["actions"])
+
+Ctx = Annotated[AppContext, Depends(get_context)]
+Db = Annotated[Session, Depends(get_session)]
+Operator = Annotated[Principal, Depends(require_operator)]
+StateFilter = Annotated[str | None, Query(pattern="^(" + "|".join(records.STATES) + ")$")]
+
+
+def _check_force(who: Principal, force: bool) -> None:
+    if force and not who.anonymous and who.role is not Role.ADMIN:
+        raise HTTPException(403, "force bypasses the guardrails and needs an admin token")
+
+
+def _apply_now(ctx: AppContext, action_id: int) -> ActionOut | None:
+    with session_scope(ctx.sessions) as session:
+        apply_action(session=session, action_id=action_id, now=ctx.clock())
+        return records.get_action(session=session, action_id=action_id)
+
+
+async def _finish(ctx: AppContext, row: ActionRow, request: Request, who: Principal, force: bool) -> ActionOut:
+    with session_scope(ctx.sessions) as session:
+        audit.record(session=session, who=who, what=f"action.{row.kind}", target=row.target, now=ctx.clock(),
+                     client=client_address(request),
+                     detail={"action_id": row.id, "state": row.state, "force": force})
+    out = await run_in_threadpool(_apply_now, ctx, row.id) if row.state == "approved" else None
+    return out or records.action_out(row)
+
+
+@router.post("/replicas/{node}/{name}/actions", response_model=ActionOut, status_code=201,
+             summary="Restart, drain or set engine flags of one replica (through the guardrails)",
+             responses={403: {"description": "role too low, or force without admin"},
+                        404: {"description": "no such replica"}})
+async def act_on_replica(node: str, name: str, body: ReplicaActionRequest, request: Request, ctx: Ctx,
+                         who: Operator) -> ActionOut:
+    _check_force(who, body.force)
+
+    def propose() -> ActionRow:
+        with session_scope(ctx.sessions) as session:
+            return propose_replica_action(session=session, node=node, name=name, request=body, who=who.name,
+                                          now=ctx.clock())
+    try:
+        row = await run_in_threadpool(propose)
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from exc
+    return await _finish(ctx, row, request, who, body.force)
+
+
+@router.post("/nodes/{node}/actions", response_model=ActionOut, status_code=201,
+             summary="Cordon or uncordon a node (through the guardrails)",
+             responses={403: {"description": "role too low, or force without admin"},
+                        404: {"description": "no such node"}})
+async def act_on_node(node: str, body: NodeActionRequest, request: Request, ctx: Ctx, who: Operator) -> ActionOut:
+    _check_force(who, body.force)
+
+    def propose() -> ActionRow:
+        with session_scope(ctx.sessions) as session:
+            return propose_node_action(session=session, node=node, request=body, who=who.name, now=ctx.clock())
+    try:
+        row = await run_in_threadpool(propose)
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from exc
+    return await _finish(ctx, row, request, who, body.force)
+
+
+@router.get("/actions", response_model=list[ActionOut], dependencies=[Depends(require_reader)],
+            summary="Actions, newest first, filtered by state, target key or policy")
+def list_actions(session: Db, state: StateFilter = None, target: str | None = None, policy: str | None = None,
+                 limit: Annotated[int, Query(ge=1, le=10_000)] = 200) -> list[ActionOut]:
+    return records.list_actions(session=session, state=state, target=target, policy=policy, limit=limit)
+
+
+@router.get("/actions/{action_id}", response_model=ActionOut, dependencies=[Depends(require_reader)],
+            summary="One action with its evidence and guardrail decisions")
+def get_action(action_id: RowId, session: Db) -> ActionOut:
+    found = records.get_action(session=session, action_id=action_id)
+    if found is None:
+        raise HTTPException(404, f"no action {action_id}")
+    return found
+
+
+def _decide(ctx: AppContext, action_id: int, request: Request, who: Principal, approve: bool) -> ActionOut:
+    with session_scope(ctx.sessions) as session:
+        now = ctx.clock()
+        if records.get_action(session=session, action_id=action_id) is None:
+            raise HTTPException(404, f"no action {action_id}")
+        moved = (records.approve if approve else records.reject)(session=session, action_id=action_id,
+                                                                   by=who.name, now=now)
+        if not moved:
+            raise HTTPException(409, f"action {action_id} is not proposed")
+        audit.record(session=session, who=who, what="action.approve" if approve else "action.reject",
+                     target=f"action:{action_id}", now=now, client=client_address(request))
+    out = _apply_now(ctx, action_id) if approve else None
+    with session_scope(ctx.sessions) as session:
+        found = out or records.get_action(session=session, action_id=action_id)
+    assert found is not None
+    return found
+
+
+@router.post("/actions/{action_id}/approve", response_model=ActionOut, summary="Approve a proposed action",
+             responses={404: {"description": "no such action"}, 409: {"description": "not proposed"}})
+def approve(action_id: RowId, request: Request, ctx: Ctx, who: Operator) -> ActionOut:
+    return _decide(ctx, action_id, request, who, approve=True)
+
+
+@router.post("/actions/{action_id}/reject", response_model=ActionOut, summary="Reject a proposed action",
+             responses={404: {"description": "no such action"}, 409: {"description": "not proposed"}})
+def reject(action_id: RowId, request: Request, ctx: Ctx, who: Operator) -> ActionOut:
+    return _decide(ctx, action_id, request, who, approve=False)

@@ -1,0 +1,107 @@
+"""Which control-plane process leads: a PostgreSQL session advisory lock held on a dedicated connection.
+
+Why a lock and not a lease row: PostgreSQL releases a session lock the moment the holder's connection ends
+(process killed, host gone once TCP keepalives give up), so there is no expiry to tune against clock skew and
+no renewal write every few seconds. Followers try ``pg_try_advisory_lock`` every ``leader_poll_seconds``; the
+leader checks its connection as often and steps down the moment that fails. Leadership only decides who runs
+the scheduled jobs; safety does not rest on it: actions are claimed by a conditional state change, so even two
+processes that both believed they led could not apply one action twice.
+
+SQLite has one writer and is meant for one process: that process leads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Protocol
+
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+log = logging.getLogger(__name__)
+LEADER_LOCK_ID = 0x7069_7474  # "pitt"; the migration lock is 0x70697473
+
+
+class Leadership(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+
+    def tick(self) -> bool:
+        """Try to become (or stay) leader; return whether this process leads now."""
+        ...
+
+    def release(self) -> None: ...
+
+
+class SingleProcessLeadership:
+    """Always the leader (SQLite, or tests that want the jobs to run)."""
+
+    def __init__(self) -> None:
+        self._leader = False
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def tick(self) -> bool:
+        self._leader = True
+        return True
+
+    def release(self) -> None:
+        self._leader = False
+
+
+class AdvisoryLockLeadership:
+    """Leader while holding ``pg_advisory_lock(lock_id)`` on a connection of its own (never pooled)."""
+
+    def __init__(self, url: str, *, lock_id: int = LEADER_LOCK_ID) -> None:
+        # NullPool: closing the connection really ends the session, which is what releases the lock.
+        self._engine: Engine = create_engine(url, poolclass=NullPool, connect_args={
+            "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+            "connect_timeout": 5})
+        self._lock_id = lock_id
+        self._conn: Connection | None = None
+        self._leader = False
+        self._mutex = threading.Lock()
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(SQLAlchemyError):
+                self._conn.close()
+        self._conn = None
+
+    def tick(self) -> bool:
+        with self._mutex:
+            was = self._leader
+            try:
+                if self._conn is None:
+                    self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                if self._leader:
+                    self._conn.execute(text("SELECT 1"))
+                else:
+                    got = self._conn.execute(text("SELECT pg_try_advisory_lock(:id)"), {"id": self._lock_id})
+                    self._leader = bool(got.scalar())
+            except SQLAlchemyError as exc:
+                self._leader = False
+                self._drop()
+                log.warning("leader election: database unreachable (%s); not leading", type(exc).__name__)
+            if self._leader != was:
+                log.warning("leader election: this control plane %s", "now leads" if self._leader else "lost the lead")
+            return self._leader
+
+    def release(self) -> None:
+        with self._mutex:
+            self._leader = False
+            self._drop()
+            self._engine.dispose()
+
+
+def leadership_for(url: str) -> Leadership:
+    return AdvisoryLockLeadership(url) if url.startswith("postgresql") else SingleProcessLeadership()

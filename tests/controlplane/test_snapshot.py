@@ -1,0 +1,41 @@
+"""``build_snapshot``: the policy engine's view of the fleet, read back from what agents reported."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from fastapi.testclient import TestClient
+
+from agent.wire import ReplicaState
+from controlplane.policy import evaluate
+from controlplane.policy.loader import DEFAULTS_DIR, load_directory
+from controlplane.remediation.snapshot import build_snapshot
+from controlplane.store.db import session_scope
+from tests.controlplane.fixtures import T0, FakeClock, body, gpu, replica, report
+
+
+def test_snapshot_carries_latest_state_and_history(client: TestClient, clock: FakeClock) -> None:
+    for i in range(5):
+        sent = T0 + timedelta(seconds=30 * i)
+        r0 = replica("r0", ttft=0.1 * (i + 1)).model_copy(update={"canary_ok": i < 4})
+        crashed = replica("r1", state=ReplicaState.BACKOFF, restarts=3, model="other")
+        client.post("/v1/agents/gpu-a/report", json=body(report(
+            sequence=i + 1, sent_at=sent, replicas=[r0, crashed], gpus=[gpu(0, temperature=60 + i)])))
+    clock.now = T0 + timedelta(seconds=150)
+    ctx = client.app.state.pitstop  # type: ignore[attr-defined]
+    with session_scope(ctx.sessions) as session:
+        snap = build_snapshot(session=session, now=clock.now, history=timedelta(minutes=2))
+        only_other = build_snapshot(session=session, now=clock.now, history=timedelta(0), model="other")
+    assert [n.name for n in snap.nodes] == ["gpu-a"]
+    r0, r1 = snap.replicas
+    assert (r0.key, r0.model, r0.max_num_seqs, r0.ready) == ("gpu-a/r0", "tiny-llama", 64, True)
+    # Two minutes back: the samples at 30, 60, 90, 120 s, oldest first.
+    assert [round(s.ttft_p99_seconds or 0, 2) for s in r0.history] == [0.2, 0.3, 0.4, 0.5]
+    assert [s.canary_ok for s in r0.history] == [True, True, True, False]
+    assert r0.history[-1].max_num_seqs == 64 and r0.history[-1].rss_bytes == 1_800 * 1024**2
+    assert (r1.state, r1.restarts_total) == (ReplicaState.BACKOFF, 3)
+    assert [g.history[-1].temperature_celsius for g in snap.gpus] == [64.0]
+    assert snap.gpus[0].slowdown_temperature_celsius == 89.0
+    assert [r.key for r in only_other.replicas] == ["gpu-a/r1"] and only_other.gpus == []
+    # The default policies run over it without error (nothing here breaks a default threshold for long enough).
+    assert isinstance(evaluate(load_directory(DEFAULTS_DIR), snap, clock.now), list)
