@@ -14,6 +14,8 @@ import httpx
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.gpu import GpuBackendError, open_backend
 from agent.node import Agent
+from agent.plain_http import PlainHttpTransport, scrape_client
+from agent.tls import TlsConfigError, control_plane_ssl_context
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,8 +42,14 @@ async def serve(config: AgentConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with httpx.AsyncClient() as client:
-        await Agent(config, client, gpu).run(stop)
+    try:
+        tls = control_plane_ssl_context(config.control_plane_ca_file, config.control_plane_pin_sha256)
+    except TlsConfigError as exc:
+        print(f"pitstop agent: {exc}", file=sys.stderr)
+        return 2
+    async with httpx.AsyncClient() as client, scrape_client() as scraper, \
+            httpx.AsyncClient(verify=tls, mounts={"http://": PlainHttpTransport()}) as reports:
+        await Agent(config, client, gpu, scrape_client=scraper, report_client=reports).run(stop)
     return 0
 
 

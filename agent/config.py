@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agent.tls import normalise_pin
 from agent.wire import NAME_PATTERN
 
 ENV_PREFIX = "PITSTOP_AGENT_"
@@ -35,12 +36,24 @@ class _Strict(BaseModel):
 
 
 class WarmupConfig(_Strict):
-    """Requests sent after the engine answers and before it is marked READY (first requests are slow)."""
+    """Requests sent after the engine answers and before it is marked READY (first requests are slow):
+    at least ``requests``, then until the last ``settle_count`` TTFTs agree within ``settle_tolerance``
+    (relative) or ``settle_floor_seconds``, at most ``max_requests`` (``agent.warmup``)."""
 
     requests: int = Field(default=2, ge=0, le=1000)
+    max_requests: int = Field(default=12, ge=0, le=1000)
+    settle_count: int = Field(default=3, ge=0, le=100)  # 0 or 1: a fixed count of ``requests``
+    settle_tolerance: float = Field(default=0.25, ge=0)
+    settle_floor_seconds: float = Field(default=0.003, ge=0)
     prompt: str = "Hello"
     max_tokens: int = Field(default=8, ge=1, le=4096)
     timeout: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> WarmupConfig:
+        if self.max_requests < self.requests:
+            raise ValueError("max_requests must be at least requests")
+        return self
 
 
 class ReplicaConfig(_Strict):
@@ -58,7 +71,12 @@ class ReplicaConfig(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     start_timeout: float = Field(default=600.0, gt=0)
     drain_timeout: float = Field(default=60.0, ge=0)
+    # After readiness goes off, how long the load balancer needs to notice before in-flight work is counted.
+    drain_grace: float = Field(default=0.0, ge=0)
     stop_timeout: float = Field(default=30.0, ge=0)
+    # Passed to the engine as ``--shutdown-timeout N`` unless ``args`` already name it: with 0 (vLLM's default)
+    # SIGTERM aborts in-flight requests and can stall 15-120 s; with N > 0 vLLM finishes stragglers (DESIGN.md).
+    shutdown_timeout: float | None = Field(default=None, ge=0)
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     # Health/model probes and scrapes: generous, a starved API server answers slowly (DESIGN.md).
     probe_timeout: float = Field(default=5.0, gt=0)
@@ -86,7 +104,11 @@ class ReplicaConfig(_Strict):
         """The engine's argv: the command template filled in, then the engine flags (``args`` overrides)."""
         template = self.command if self.command is not None else DEFAULT_COMMANDS[self.engine]
         values = {"model": self.model, "host": self.host, "port": str(self.port)}
-        return [part.format(**values) for part in template] + list(self.args if args is None else args)
+        flags = list(self.args if args is None else args)
+        named = any(f == "--shutdown-timeout" or f.startswith("--shutdown-timeout=") for f in flags)
+        if self.shutdown_timeout is not None and not named:
+            flags += ["--shutdown-timeout", f"{self.shutdown_timeout:g}"]
+        return [part.format(**values) for part in template] + flags
 
 
 class BackoffConfig(_Strict):
@@ -104,8 +126,15 @@ class AgentConfig(_Strict):
     port: int = Field(default=9400, ge=0, le=65535)
     control_plane: str | None = "http://127.0.0.1:8000"
     token: str | None = None
+    # https control planes: a private CA bundle (PEM) instead of the system CAs, and optionally the SHA-256
+    # fingerprint of the control plane's certificate, checked during the handshake (``agent/tls.py``).
+    control_plane_ca_file: Path | None = None
+    control_plane_pin_sha256: str | None = None
     report_interval: float = Field(default=5.0, gt=0)
     scrape_interval: float = Field(default=5.0, gt=0)
+    # Process trees (RSS, CPU, threads, fds) at most this often: leaks grow over minutes, and each sample reads
+    # several /proc files per process. A new engine is sampled at once.
+    process_interval: float = Field(default=5.0, gt=0)
     gpu_backend: Literal["auto", "nvml", "sim", "recorded"] = "auto"
     sim_gpu_dir: Path = Path("./.pitstop/simgpu")
     sim_gpu_count: int = Field(default=1, ge=0, le=64)
@@ -114,7 +143,17 @@ class AgentConfig(_Strict):
     canary_every: int = Field(default=0, ge=0)  # in scrape intervals; 0 = off
     canary_timeout: float = Field(default=10.0, gt=0)
     backoff: BackoffConfig = Field(default_factory=BackoffConfig)
+    # Processes on this node's GPUs that no replica started (gpustack#2595): looked for at start and then
+    # every this many seconds; reported always, ended (SIGTERM, then SIGKILL at the next check) only if asked.
+    orphan_check_interval: float = Field(default=30.0, gt=0)
+    kill_orphans: bool = False
     replicas: list[ReplicaConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _pin_is_a_fingerprint(self) -> AgentConfig:
+        if self.control_plane_pin_sha256 is not None:
+            normalise_pin(self.control_plane_pin_sha256)  # raises ValueError with the field's rule
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self) -> AgentConfig:
@@ -138,7 +177,8 @@ def _default_node() -> str:
 
 # Environment overrides: only the scalar main settings; replicas belong in the file.
 _ENV_FIELDS = ("node", "host", "port", "control_plane", "token", "report_interval", "scrape_interval",
-               "gpu_backend", "sim_gpu_dir", "sim_gpu_count", "recorded_gpu_file", "state_dir")
+               "gpu_backend", "sim_gpu_dir", "sim_gpu_count", "recorded_gpu_file", "state_dir",
+               "control_plane_ca_file", "control_plane_pin_sha256")
 
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:

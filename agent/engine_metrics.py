@@ -31,8 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Literal
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from agent.prom_lines import PromTextError, SampleSelector
 from agent.quantiles import bucket_delta, quantile
 from agent.wire import EngineSample
 
@@ -84,18 +83,30 @@ def _le(value: str) -> float:
     return math.inf if value in ("+Inf", "Inf", "inf") else float(value)
 
 
+def _wanted_names() -> frozenset[str]:
+    names: set[str] = set()
+    for metric in ENGINE_METRICS:
+        suffix = "_bucket" if metric.kind == "histogram" else ""
+        names.update(name + suffix for name in metric.names)
+    return frozenset(names)
+
+
+WANTED_NAMES = _wanted_names()
+_SELECTOR = SampleSelector(WANTED_NAMES)  # immutable pattern plus a bounded cache of parsed label blocks
+
+
 def parse_metrics(text: str, at: float, model: str | None = None) -> EngineSnapshot:
     """Parse vLLM /metrics text into an ``EngineSnapshot``; series of other models are ignored when
-    ``model`` is given (label ``model_name``); series of several engines (data parallel) are summed."""
-    samples: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    ``model`` is given (label ``model_name``); series of several engines (data parallel) are summed.
+
+    Only the table's sample lines are parsed (``agent.prom_lines``): at a 1 s scrape of 8 engines,
+    prometheus_client's full parser was the agent's largest CPU cost."""
     try:
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                samples[s.name].append((s.labels, s.value))
-    except (ValueError, TypeError, IndexError) as exc:  # the parser's ways of saying "not Prometheus text"
+        samples = _SELECTOR.select(text)
+    except PromTextError as exc:
         raise MetricsParseError(f"unparsable /metrics: {exc}") from exc
-    if not any(name.startswith("vllm:") for name in samples):
-        raise MetricsParseError("no vllm: metrics in the response")
+    if not samples:
+        raise MetricsParseError("unparsable /metrics: none of the vllm: series the agent reads")
 
     def rows(name: str, metric: EngineMetric) -> list[tuple[dict[str, str], float]]:
         out = [(lb, v) for lb, v in samples.get(name, []) if model is None or lb.get("model_name", model) == model]
@@ -110,7 +121,10 @@ def parse_metrics(text: str, at: float, model: str | None = None) -> EngineSnaps
             for base in metric.names:
                 buckets: dict[float, float] = defaultdict(float)
                 for labels, value in rows(base + "_bucket", metric):
-                    buckets[_le(labels.get("le", "+Inf"))] += value
+                    try:
+                        buckets[_le(labels.get("le", "+Inf"))] += value
+                    except ValueError as exc:
+                        raise MetricsParseError(f"bad bucket bound in {base}: {exc}") from exc
                 if buckets:
                     snap.histograms[metric.key] = dict(buckets)
                     break
@@ -149,7 +163,7 @@ def _window_quantiles(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None
     return [quantile(q, window) for q in qs]
 
 
-def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None) -> EngineSample:
+def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None, stalled: bool | None = None) -> EngineSample:
     """Gauges from ``cur``; rates and window quantiles from ``cur - prev`` (``None`` without ``prev``)."""
     v = cur.values
     ttft = _window_quantiles("ttft", cur, prev, (0.5, 0.95, 0.99))
@@ -175,4 +189,5 @@ def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None) -> EngineSam
         itl_p50_seconds=itl[0], itl_p95_seconds=itl[1], itl_p99_seconds=itl[2],
         e2e_p99_seconds=e2e99,
         prefix_cache_hit_ratio=hit_ratio,
+        stalled=stalled,
     )

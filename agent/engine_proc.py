@@ -67,11 +67,26 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """The stream protocol of ``create_subprocess_exec``, plus a future set the moment the leader exits."""
+
+    def __init__(self, exited: asyncio.Future[None], loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=2**16, loop=loop)
+        self._exit_future = exited
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self._exit_future.done():
+            self._exit_future.set_result(None)
+
+
 class EngineProcess:
     """A running engine: its process, its log and the last lines it wrote (for a crash's ``log_tail``)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, log: RotatingLog, tail_lines: int = 50) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, log: RotatingLog, exited: asyncio.Future[None],
+                 tail_lines: int = 50) -> None:
         self.proc = proc
+        self._exited = exited
         self.pid = proc.pid
         self.pgid = proc.pid  # start_new_session=True: the engine leads a new session and group
         self.log = log
@@ -83,14 +98,16 @@ class EngineProcess:
                     backups: int) -> EngineProcess:
         """Start ``argv`` (never through a shell) in a new session with stdout+stderr going to the log."""
         log = RotatingLog(log_path, max_bytes, backups)
+        loop = asyncio.get_running_loop()
+        exited: asyncio.Future[None] = loop.create_future()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, env=dict(env), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _ExitProtocol(exited, loop), *argv, env=dict(env), stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         except OSError:
             log.close()
             raise
-        return cls(proc, log)
+        return cls(asyncio.subprocess.Process(transport, protocol, loop), log, exited)
 
     async def _copy_output(self) -> None:
         assert self.proc.stdout is not None
@@ -107,9 +124,19 @@ class EngineProcess:
     def returncode(self) -> int | None:
         return self.proc.returncode
 
+    async def exited(self) -> int:
+        """The leader's exit code, as soon as it exits.
+
+        Not ``Process.wait()``: before Python 3.12 it also waits for the output pipe to close, and vLLM's
+        EngineCore and workers inherit that pipe, so a killed API server would look alive for as long as
+        its children run (found with a kill -9 of a real vLLM server)."""
+        await asyncio.shield(self._exited)
+        code = self.proc.returncode
+        return code if code is not None else -1
+
     async def wait(self) -> int:
         """Wait for the leader to exit and its output to be copied; the exit code."""
-        code = await self.proc.wait()
+        code = await self.exited()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._pump), timeout=2.0)
         return code
@@ -120,7 +147,7 @@ class EngineProcess:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         try:
-            await asyncio.wait_for(self.proc.wait(), timeout=max(0.0, deadline - loop.time()))
+            await asyncio.wait_for(self.exited(), timeout=max(0.0, deadline - loop.time()))
             # The leader is gone; give its children the rest of the grace to exit on their own.
             for _ in range(int(max(0.0, deadline - loop.time()) / 0.1)):
                 if not group_members(self.pgid):
@@ -135,7 +162,7 @@ class EngineProcess:
         """SIGKILL whatever is left of the group and reap the leader."""
         if group_members(self.pgid):
             _signal_group(self.pgid, signal.SIGKILL)
-        await self.proc.wait()
+        await self.exited()
         for _ in range(50):  # children are reaped by init; give it a moment
             if not group_members(self.pgid):
                 break

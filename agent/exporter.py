@@ -16,6 +16,8 @@ pitstop_gpu_power_watts                gauge      board power draw
 pitstop_gpu_power_limit_watts          gauge      enforced power limit
 pitstop_gpu_ecc_uncorrected_total      counter    uncorrected ECC errors (volatile)
 pitstop_gpu_xid_events_total           counter    XID critical errors seen by the agent
+pitstop_gpu_orphan_processes           gauge      processes with memory on the GPU that no replica started
+pitstop_node_cordoned                  gauge      1 while the control plane has cordoned the node
 pitstop_replica_state                  gauge      1 for the replica's current state, 0 for the others
 pitstop_replica_ready                  gauge      1 when READY (or an attached engine answers)
 pitstop_replica_restarts_total         counter    restarts after failures
@@ -57,6 +59,8 @@ class ExportState:
     gpus: list[GpuSample] = field(default_factory=list)
     replicas: list[ReplicaStatus] = field(default_factory=list)
     scrape_errors: dict[str, int] = field(default_factory=dict)
+    cordoned: bool = False
+    orphans: dict[int, int] = field(default_factory=dict)  # GPU index -> processes no replica started
 
 
 GpuValue = Callable[[GpuSample], float | int | None]
@@ -131,6 +135,9 @@ class AgentCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         state = self.read()
+        cordoned = GaugeMetricFamily("pitstop_node_cordoned", "1 while the node is cordoned.", labels=["node"])
+        cordoned.add_metric([state.node], float(state.cordoned))
+        yield cordoned
         yield from self._gpu(state)
         yield from self._replicas(state)
 
@@ -142,6 +149,12 @@ class AgentCollector(Collector):
                 if v is not None:
                     family.add_metric([state.node, str(gpu.index)], float(v))
             yield family
+        orphans = GaugeMetricFamily("pitstop_gpu_orphan_processes",
+                                    "Processes holding memory on the GPU that no replica started.",
+                                    labels=["node", "gpu"])
+        for index in sorted({g.index for g in state.gpus} | set(state.orphans)):
+            orphans.add_metric([state.node, str(index)], float(state.orphans.get(index, 0)))
+        yield orphans
 
     def _replicas(self, state: ExportState) -> Iterable[Metric]:
         labels = ["node", "replica", "model"]

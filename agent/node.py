@@ -26,6 +26,7 @@ from agent.config import AgentConfig
 from agent.desired import DesiredStore, plan_wants
 from agent.exporter import AgentCollector, ExportState
 from agent.gpu import GpuBackend
+from agent.orphans import Orphan, OrphanWatch
 from agent.probes import stream_completion
 from agent.process_tree import ProcessTreeSampler
 from agent.reporter import Reporter, ReportError, report_retry_delay
@@ -71,7 +72,9 @@ class _EmbeddedServer(uvicorn.Server):
 
 class Agent:
     def __init__(self, config: AgentConfig, client: httpx.AsyncClient, gpu: GpuBackend, *,
-                 wall: Callable[[], datetime] = utc_now, poll_interval: float = 0.5) -> None:
+                 wall: Callable[[], datetime] = utc_now, poll_interval: float = 0.5,
+                 scrape_client: httpx.AsyncClient | None = None,
+                 report_client: httpx.AsyncClient | None = None) -> None:
         self.config = config
         self.node = config.node
         self.client = client
@@ -87,7 +90,7 @@ class Agent:
                                                              extra_env=env)
             else:
                 self.replicas[spec.name] = AttachedReplica(spec, client, config.scrape_interval, wall=wall)
-        self.scrapers = {name: EngineScraper(client, r.spec.base_url, r.model_name, _loop_time,
+        self.scrapers = {name: EngineScraper(scrape_client or client, r.spec.base_url, r.model_name, _loop_time,
                                              timeout=max(10.0, r.spec.probe_timeout))
                          for name, r in self.replicas.items()}
         self.samplers = {name: ProcessTreeSampler() for name in self.replicas}
@@ -96,9 +99,15 @@ class Agent:
         self.desired_store = DesiredStore(self.state_dir)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AgentCollector(self.export_state))
-        self.reporter = (Reporter(client, config.control_plane, self.node, config.token)
+        self.reporter = (Reporter(report_client or client, config.control_plane, self.node, config.token)
                          if config.control_plane else None)
         self._ticks = 0
+        self._saved_desired: DesiredState | None = None
+        self.cordoned = False
+        self._sampled_pid: dict[str, int | None] = {}
+        self._process_due: dict[str, float] = {}
+        self.orphans = OrphanWatch(kill=config.kill_orphans)
+        self._orphans_checked_at: float | None = None
         self.bound_port: int | None = None
 
     # ---- views ------------------------------------------------------------------------------------------
@@ -106,12 +115,19 @@ class Agent:
         return [r.status() for r in self.replicas.values()]
 
     def export_state(self) -> ExportState:
-        return ExportState(node=self.node, gpus=list(self.gpus), replicas=self.statuses(),
+        return ExportState(node=self.node, gpus=list(self.gpus), replicas=self.statuses(), cordoned=self.cordoned,
+                           orphans=self.orphans.per_gpu(),
                            scrape_errors={n: s.errors_total for n, s in self.scrapers.items()})
 
     # ---- desired state ----------------------------------------------------------------------------------
     def apply_desired(self, desired: DesiredState) -> None:
         managed = {n: r for n, r in self.replicas.items() if isinstance(r, ReplicaSupervisor)}
+        if desired.cordoned != self.cordoned:
+            log.info("node %s %s", self.node, "cordoned: draining every replica" if desired.cordoned else
+                     "uncordoned")
+            self.cordoned = desired.cordoned
+        for replica in managed.values():
+            replica.set_cordoned(self.cordoned)
         for name, want in plan_wants(desired, {n: r.want for n, r in managed.items()}).items():
             log.info("replica %s: desired generation %d (enabled=%s, args=%s)", name, want.generation,
                      want.enabled, want.args)
@@ -127,6 +143,31 @@ class Agent:
         self._ticks += 1
         await asyncio.gather(*(self._collect_replica(n, r, reading.process_memory, canary)
                                for n, r in self.replicas.items()))
+        now = _loop_time()
+        if self._orphans_checked_at is None or now - self._orphans_checked_at >= self.config.orphan_check_interval:
+            self._orphans_checked_at = now
+            self.check_orphans(reading.gpu_processes)
+
+    def check_orphans(self, gpu_processes: dict[int, dict[int, int]]) -> list[Orphan]:
+        """Report (and, if configured, end) processes on our GPUs that no managed replica started."""
+        managed = [r for r in self.replicas.values() if isinstance(r, ReplicaSupervisor)]
+        roots = {r.pid for r in managed if r.pid is not None}
+        owned = set(roots).union(*(self.samplers[r.spec.name].pids for r in managed))
+        new = self.orphans.check(gpu_processes, owned, roots)
+        for orphan in new:
+            message = (f"pid {orphan.pid} holds {orphan.memory_bytes / 2**20:.0f} MiB on GPU {orphan.gpu} and was "
+                       f"not started by this agent: {orphan.command}")
+            log.warning("orphan: %s", message)
+            owner = self._replica_on_gpu(orphan.gpu)
+            if owner is not None:
+                owner.machine.note("orphan", message)
+        for pid in self.orphans.end():
+            log.warning("kill_orphans: signalled orphan pid %d", pid)
+        return new
+
+    def _replica_on_gpu(self, gpu: int) -> Replica | None:
+        on_gpu = [r for r in self.replicas.values() if gpu in r.spec.gpus]
+        return on_gpu[0] if on_gpu else next(iter(self.replicas.values()), None)
 
     async def _collect_replica(self, name: str, replica: Replica, gpu_memory: dict[int, int],
                                canary: bool) -> None:
@@ -139,7 +180,13 @@ class Agent:
         else:
             scraper.forget()
             replica.engine = None
-        replica.process = self.samplers[name].sample(replica.pid, gpu_memory) if replica.managed else None
+        if not replica.managed:
+            replica.process = None
+        elif replica.pid != self._sampled_pid.get(name) or _loop_time() >= self._process_due.get(name, 0.0):
+            # Trees change slowly and leaks over minutes: every process_interval, or at once for a new engine.
+            replica.process = self.samplers[name].sample(replica.pid, gpu_memory)
+            self._sampled_pid[name] = replica.pid
+            self._process_due[name] = _loop_time() + self.config.process_interval
         if canary and replica.state in CANARY_STATES:
             result = await stream_completion(self.client, replica.spec.base_url, replica.model_name, "ping", 4,
                                              self.config.canary_timeout, asyncio.get_running_loop().time)
@@ -178,7 +225,9 @@ class Agent:
         except ReportError:
             self._requeue(report)
             raise
-        self.desired_store.save(desired)
+        if desired != self._saved_desired:  # the same answer every second: write it once
+            self.desired_store.save(desired)
+            self._saved_desired = desired
         self.apply_desired(desired)
         return desired
 

@@ -6,7 +6,13 @@ vLLM's host-memory leaks live in the EngineCore and worker children, not in the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import psutil
 
@@ -22,32 +28,89 @@ def tree_pids(pid: int) -> set[int]:
         return set()
 
 
-class ProcessTreeSampler:
-    """Samples one process tree; keeps ``psutil.Process`` objects so CPU % is measured between calls."""
+def descendants(pid: int) -> list[int] | None:
+    """Every descendant of ``pid`` from ``/proc/<pid>/task/*/children`` (Linux); ``None`` if ``pid`` is gone."""
+    out: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            if parent == pid:
+                return None
+            continue  # a child that exited meanwhile
+        for tid in tids:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:  # the thread ended meanwhile
+                continue
+            out.extend(children)
+            pending.extend(children)
+    return out
 
-    def __init__(self) -> None:
+
+class ProcessTreeSampler:
+    """Samples one process tree; keeps ``psutil.Process`` objects so CPU % is measured between calls.
+
+    psutil finds children by reading every process on the host (``/proc/*/stat``); where the kernel offers
+    ``/proc/<pid>/task/<tid>/children`` the tree is read from there instead (microseconds, not milliseconds).
+    Either way an engine's tree is stable once started, so after its first
+    ``rescan_interval`` seconds (walked at every sample while it spawns its children) it is walked again only
+    when the root changes, a member exits, or ``rescan_interval`` seconds have passed.
+    """
+
+    def __init__(self, rescan_interval: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rescan_interval = rescan_interval
+        self.clock = clock
         self._procs: dict[int, psutil.Process] = {}
+        self._root: int | None = None
+        self._scanned_at = -math.inf
+        self._root_since = -math.inf
+        self._task_children = Path(f"/proc/{os.getpid()}/task/{threading.get_native_id()}/children").exists()
+
+    @property
+    def pids(self) -> set[int]:
+        """The pids of the tree as last sampled."""
+        return set(self._procs)
 
     def _members(self, pid: int) -> list[psutil.Process]:
+        now = self.clock()
+        if pid != self._root:
+            self._root_since = now
+        # A young engine is still spawning its children (vLLM: EngineCore, then workers): walk every time.
+        settled = now - self._root_since >= self.rescan_interval
+        if pid == self._root and settled and now - self._scanned_at < self.rescan_interval \
+                and all(p.is_running() for p in self._procs.values()):
+            return list(self._procs.values())
         root = psutil.Process(pid)
-        members = [root, *root.children(recursive=True)]
+        found = descendants(pid) if self._task_children else None
+        if found is None:
+            members = [root, *root.children(recursive=True)]
+        else:
+            members = [root]
+            for child in found:
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                    members.append(psutil.Process(child))
         kept: dict[int, psutil.Process] = {}
         for proc in members:
             # Reuse the cached object only if it is the same process (same pid and create time).
             cached = self._procs.get(proc.pid)
             kept[proc.pid] = cached if cached is not None and cached == proc else proc
         self._procs = kept
+        self._root, self._scanned_at = pid, now
         return list(kept.values())
 
     def sample(self, pid: int | None, gpu_memory: dict[int, int] | None = None) -> ProcessSample:
         """Figures for the tree rooted at ``pid``; ``gpu_memory`` maps pid -> GPU bytes (from the GPU backend)."""
         if pid is None:
-            self._procs = {}
+            self._procs, self._root = {}, None
             return ProcessSample()
         try:
             members = self._members(pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
-            self._procs = {}
+            self._procs, self._root = {}, None
             return ProcessSample(pid=pid)
         rss = threads = fds = 0
         cpu = 0.0

@@ -25,12 +25,14 @@ from agent.engine_proc import EngineProcess
 from agent.pidfile import PidFile, end_group
 from agent.probes import engine_ready, in_flight, stream_completion
 from agent.states import RUNNING_STATES, ReplicaMachine, utc_now
+from agent.warmup import warmup_done, warmup_summary
 from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus
 
 log = logging.getLogger(__name__)
 S = ReplicaState
 T = TypeVar("T")
 Outcome = Literal["done", "exit", "wake", "timeout"]
+DRAIN_QUIET_POLLS = 2  # consecutive polls with nothing running or waiting before the drain is done
 
 
 @dataclass(frozen=True)
@@ -80,21 +82,30 @@ class ReplicaSupervisor:
         self.process: ProcessSample | None = None
         self.canary_ttft: float | None = None
         self.canary_ok: bool | None = None
+        self.warmup_ttfts: list[float] = []
         self._backoff_until = 0.0
         self._wake = asyncio.Event()
         self._shutdown = False
+        self.cordoned = False
 
     # ---- what is wanted -------------------------------------------------------------------------------
     def set_want(self, want: Want) -> None:
         self.want = want
         self._wake.set()
 
+    def set_cordoned(self, cordoned: bool) -> None:
+        """A cordoned node starts nothing and drains what runs; uncordoned, it converges back to ``want``."""
+        if cordoned != self.cordoned:
+            self.cordoned = cordoned
+            self.machine.note("cordon", "node cordoned: draining" if cordoned else "node uncordoned")
+            self._wake.set()
+
     def request_shutdown(self) -> None:
         self._shutdown = True
         self._wake.set()
 
     def _want_running(self) -> bool:
-        return self.want.enabled and not self._shutdown
+        return self.want.enabled and not self._shutdown and not self.cordoned
 
     def _interrupted(self) -> bool:
         """The running engine is no longer what is wanted."""
@@ -162,7 +173,7 @@ class ReplicaSupervisor:
         if work_task is not None:
             waiters[work_task] = "done"
         if self.proc is not None:
-            waiters[asyncio.ensure_future(self.proc.proc.wait())] = "exit"
+            waiters[asyncio.ensure_future(self.proc.exited())] = "exit"
         self._wake.clear()
         wake_task: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
         waiters[wake_task] = "wake"
@@ -194,7 +205,7 @@ class ReplicaSupervisor:
             return
         self.pidfile.write(self.proc.pid)
         if await self._until_ready() and await self._warm():
-            self.machine.to(S.READY, "warm and serving")
+            self.machine.to(S.READY, warmup_summary(self.warmup_ttfts, self.spec.warmup))
 
     async def _until_ready(self) -> bool:
         deadline = self.mono() + self.spec.start_timeout
@@ -219,8 +230,8 @@ class ReplicaSupervisor:
 
     async def _warm(self) -> bool:
         warmup = self.spec.warmup
-        n = 0
-        while n < warmup.requests:
+        ttfts: list[float] = []
+        while not warmup_done(ttfts, warmup):
             if self._interrupted():
                 await self._stop("warmup interrupted")
                 return False
@@ -234,9 +245,10 @@ class ReplicaSupervisor:
                 continue  # the loop head decides whether the wish still allows warming up
             if outcome == "timeout" or result is None or not result.ok:
                 error = result.error if result is not None else "timed out"
-                await self._failed(f"warmup request {n + 1} failed: {error}")
+                await self._failed(f"warmup request {len(ttfts) + 1} failed: {error}")
                 return False
-            n += 1
+            ttfts.append(result.ttft_seconds if result.ttft_seconds is not None else warmup.timeout)
+        self.warmup_ttfts = ttfts
         return True
 
     async def _serve(self) -> None:
@@ -252,6 +264,16 @@ class ReplicaSupervisor:
         # (DESIGN.md: SIGTERM aborts in-flight requests unless --shutdown-timeout > 0).
         self.machine.to(S.DRAINING, "readiness off; waiting for in-flight requests")
         deadline = self.mono() + self.spec.drain_timeout
+        quiet = 0
+        # The load balancer polls /ready: new requests may still arrive during the grace (a wake-up for another
+        # wish does not shorten it).
+        grace_end = self.mono() + min(self.spec.drain_grace, self.spec.drain_timeout)
+        while (left := grace_end - self.mono()) > 0:
+            outcome, _ = await self._phase(asyncio.sleep(left), None)
+            if outcome == "exit":
+                await self._reap("engine exited while draining")
+                self.machine.to(S.STOPPED, "exited during drain")
+                return
         while self.mono() < deadline:
             outcome, busy = await self._phase(
                 in_flight(self.client, self.spec.base_url, self.model_name, self.spec.probe_timeout),
@@ -260,7 +282,10 @@ class ReplicaSupervisor:
                 await self._reap("engine exited while draining")
                 self.machine.to(S.STOPPED, "exited during drain")
                 return
-            if outcome == "done" and busy == 0:
+            # Twice in a row: a request the API server is still tokenizing is in neither gauge yet, and a
+            # SIGTERM then would answer it 500 (seen with real vLLM under load).
+            quiet = quiet + 1 if outcome == "done" and busy == 0 else 0
+            if quiet >= DRAIN_QUIET_POLLS:
                 break
             await self._phase(asyncio.sleep(self.poll_interval), None)
         await self._stop("drained" if self.mono() < deadline else "drain deadline passed")

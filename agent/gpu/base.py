@@ -10,10 +10,12 @@ from agent.wire import GpuSample
 
 @dataclass(frozen=True)
 class GpuReading:
-    """One read of every GPU on the node, plus GPU memory per process id (summed over GPUs)."""
+    """One read of every GPU on the node, plus GPU memory per process id (summed over GPUs), and per GPU
+    index the memory of each process on it (where the backend can tell; orphan detection reads it)."""
 
     gpus: list[GpuSample] = field(default_factory=list)
     process_memory: dict[int, int] = field(default_factory=dict)
+    gpu_processes: dict[int, dict[int, int]] = field(default_factory=dict)
 
 
 class GpuBackend(Protocol):

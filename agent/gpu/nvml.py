@@ -80,7 +80,7 @@ class NvmlGpuBackend:
             self.xids[index] = self.xids.get(index, 0) + 1
             self.last_xid[index] = int(data.eventData)
 
-    def _sample(self, index: int, handle: Any, per_pid: dict[int, int]) -> GpuSample:
+    def _sample(self, index: int, handle: Any, per_pid: dict[int, int], on_gpu: dict[int, int]) -> GpuSample:
         nvml = self.nvml
         t = self._try
         memory = t(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
@@ -96,6 +96,7 @@ class NvmlGpuBackend:
             used = getattr(proc, "usedGpuMemory", None)
             if isinstance(used, int):
                 per_pid[int(proc.pid)] = per_pid.get(int(proc.pid), 0) + used
+                on_gpu[int(proc.pid)] = on_gpu.get(int(proc.pid), 0) + used
         uuid = t(lambda: nvml.nvmlDeviceGetUUID(handle))
         name = t(lambda: nvml.nvmlDeviceGetName(handle))
         return GpuSample(
@@ -121,8 +122,9 @@ class NvmlGpuBackend:
     def read(self) -> GpuReading:
         self._drain_xids()
         per_pid: dict[int, int] = {}
-        gpus = [self._sample(i, h, per_pid) for i, h in enumerate(self.handles)]
-        return GpuReading(gpus=gpus, process_memory=per_pid)
+        per_gpu: dict[int, dict[int, int]] = {i: {} for i in range(len(self.handles))}
+        gpus = [self._sample(i, h, per_pid, per_gpu[i]) for i, h in enumerate(self.handles)]
+        return GpuReading(gpus=gpus, process_memory=per_pid, gpu_processes=per_gpu)
 
     def close(self) -> None:
         if self.events is not None:

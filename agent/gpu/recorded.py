@@ -1,6 +1,7 @@
 """A GPU backend that replays recorded readings from a JSON fixture, for tests and demos.
 
-Format: ``{"frames": [{"gpus": [GpuSample fields...], "processes": {"<pid>": bytes}}, ...]}``. Each
+Format: ``{"frames": [{"gpus": [GpuSample fields...], "processes": {"<pid>": bytes},
+"gpu_processes": {"<gpu index>": {"<pid>": bytes}}}, ...]}`` (``gpu_processes`` optional). Each
 ``read`` returns the next frame; the last frame repeats once the recording runs out.
 """
 
@@ -20,9 +21,11 @@ def _frame(raw: Any, source: Path, n: int) -> GpuReading:
     try:
         gpus = [GpuSample.model_validate(g) for g in raw.get("gpus", [])]
         procs = {int(pid): int(b) for pid, b in dict(raw.get("processes", {})).items()}
+        per_gpu = {int(index): {int(pid): int(b) for pid, b in dict(on_gpu).items()}
+                   for index, on_gpu in dict(raw.get("gpu_processes", {})).items()}
     except (ValidationError, AttributeError, TypeError, ValueError) as exc:
         raise GpuBackendError(f"{source}: frame {n}: {exc}") from exc
-    return GpuReading(gpus=gpus, process_memory=procs)
+    return GpuReading(gpus=gpus, process_memory=procs, gpu_processes=per_gpu)
 
 
 class RecordedGpuBackend:

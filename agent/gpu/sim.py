@@ -119,13 +119,17 @@ class SimGpuBackend:
     def read(self) -> GpuReading:
         by_index = self._load()
         per_pid: dict[int, int] = {}
-        for files in by_index.values():
+        per_gpu: dict[int, dict[int, int]] = {}
+        for index, files in by_index.items():
+            on_gpu = per_gpu.setdefault(index, {})
             for raw in files:
                 used = _num(raw, "memory_used_bytes")
                 if used is not None:
-                    per_pid[int(raw["pid"])] = per_pid.get(int(raw["pid"]), 0) + int(used)
+                    pid = int(raw["pid"])
+                    per_pid[pid] = per_pid.get(pid, 0) + int(used)
+                    on_gpu[pid] = on_gpu.get(pid, 0) + int(used)
         gpus = [self._aggregate(i, files) for i, files in sorted(by_index.items())]
-        return GpuReading(gpus=gpus, process_memory=per_pid)
+        return GpuReading(gpus=gpus, process_memory=per_pid, gpu_processes=per_gpu)
 
     def close(self) -> None:
         return None

@@ -135,7 +135,7 @@ def test_drain_lets_in_flight_requests_finish_before_the_stop(
     result: dict[str, Any] = {}
 
     def long_stream() -> None:
-        body = {"model": "tiny", "prompt": "tell me", "max_tokens": 60, "stream": True}
+        body = {"model": "tiny", "prompt": "tell me", "max_tokens": 300, "stream": True}  # ~3 s when warm
         with httpx.stream("POST", f"http://127.0.0.1:{spec['port']}/v1/completions", json=body,
                           timeout=30) as response:
             result["lines"] = [line for line in response.iter_lines() if line.startswith("data:")]

@@ -82,3 +82,10 @@ def test_bad_recording_and_auto_fallback(tmp_path: Path) -> None:
     backend = open_backend("auto", tmp_path, 2)
     assert backend.name in ("nvml", "sim")
     backend.close()
+
+
+def test_clock_event_reasons_decode() -> None:
+    from agent.gpu.nvml import decode_reasons
+
+    assert decode_reasons(0x40 | 0x04) == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert decode_reasons(0) == []

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from agent.process_tree import ProcessTreeSampler, sum_gpu_memory, tree_pids
+from agent.process_tree import ProcessTreeSampler, descendants, sum_gpu_memory, tree_pids
 from tests.helpers import wait_until
 
 # A parent that forks a child holding ~50 MB, like vLLM's API server and its EngineCore.
@@ -46,3 +46,18 @@ def test_missing_process_reads_empty() -> None:
     assert sampler.sample(None).rss_bytes is None
     assert sampler.sample(2**22 + 12345).rss_bytes is None
     assert sum_gpu_memory({1: 10, 2: 20, 3: 40}, [1, 3]) == 50
+
+
+@pytest.mark.slow
+def test_descendants_from_proc_match_psutils_walk() -> None:
+    # A shell with two children, one of which has its own child: the tree an API server and EngineCore make.
+    proc = subprocess.Popen(["sh", "-c", "sleep 30 & sh -c 'sleep 30 & wait' & wait"], start_new_session=True)
+    try:
+        wait_until(lambda: len(tree_pids(proc.pid)) == 4, 5, what="the tree")
+        found = descendants(proc.pid)
+        assert found is not None and set(found) == tree_pids(proc.pid) - {proc.pid}
+        assert descendants(2**22 + 12345) is None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

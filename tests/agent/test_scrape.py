@@ -62,3 +62,21 @@ def test_stall_is_work_queued_while_tokens_do_not_move(tokens_after: int, runnin
                            render(generation_tokens=tokens_after, running=running)], clock)
     assert run(scraper, clock).stalled is None  # one scrape cannot tell
     assert run(scraper, clock).stalled is stalled
+
+
+def test_an_unchanged_body_reads_as_the_same_figures_and_only_wanted_series_are_asked_for() -> None:
+    seen: list[httpx.Request] = []
+    body = render(running=2, generation_tokens=40)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, text=body)
+
+    clock = Clock()
+    scraper = EngineScraper(httpx.AsyncClient(transport=httpx.MockTransport(handler)), "http://e", "m", clock)
+    first, second = run(scraper, clock), run(scraper, clock)
+    assert first.requests_running == second.requests_running == 2
+    assert second.generation_tokens_per_second == 0.0  # a window without a token
+    assert second.stalled is True  # work running and nothing moved: the same verdict parsing would give
+    asked = seen[0].url.params.get_list("name[]")
+    assert "vllm:num_requests_running" in asked and "vllm:time_to_first_token_seconds_bucket" in asked

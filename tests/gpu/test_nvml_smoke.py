@@ -1,23 +1,30 @@
 """GPU smoke test: the agent's real NVML backend on a real NVIDIA GPU. Skipped where NVML cannot start.
 
-On a GPU host: readings are sane, GPU memory that a process allocates is attributed to that process id, and
-the XID event set is registered. With ``PITSTOP_GPU_RECORD=FILE`` it also writes one reading in the recorded
-backend's format, which is how ``tests/fixtures/gpu/h200-reading.json`` was made.
+On a GPU host: readings are sane (the device's own thresholds, counts that never go down), the XID event set
+is registered, and GPU memory that an engine's child allocates is attributed to that pid, on its GPU, and so
+to the replica's process tree; the same process, seen from an agent that did not start it, is an orphan.
+With ``PITSTOP_GPU_RECORD=FILE`` it also writes one reading in the recorded backend's format, which is how
+``tests/fixtures/gpu/h200-reading.json`` was made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
-from agent.gpu.base import GpuBackendError
+from agent.gpu.base import GpuBackendError, GpuReading
+from agent.orphans import OrphanWatch
+from agent.process_tree import ProcessTreeSampler
 
 pytestmark = pytest.mark.gpu
 
@@ -41,11 +48,11 @@ def backend() -> Iterator[object]:
 
 
 def test_readings_are_sane(backend) -> None:  # type: ignore[no-untyped-def]
-    reading = backend.read()
-    assert reading.gpus
-    for gpu in reading.gpus:
+    first, second = backend.read(), backend.read()
+    assert first.gpus
+    for gpu in first.gpus:
         print(gpu.model_dump_json())
-        assert gpu.uuid.startswith("GPU-")
+        assert gpu.uuid.startswith("GPU-") and gpu.name
         assert gpu.temperature_celsius is not None and 10 <= gpu.temperature_celsius <= 100
         # The device reports its own slowdown threshold (an H200 says 89 °C); it is read, never assumed.
         assert gpu.slowdown_temperature_celsius is not None
@@ -55,6 +62,9 @@ def test_readings_are_sane(backend) -> None:  # type: ignore[no-untyped-def]
         assert gpu.power_watts is not None and gpu.power_watts > 0
         assert gpu.power_limit_watts is not None and gpu.power_watts <= gpu.power_limit_watts * 1.2
         assert gpu.utilization_ratio is not None and 0 <= gpu.utilization_ratio <= 1
+    # XID totals are counts (dcgm-exporter#500: no sticky last value): they never go down between reads.
+    for a, b in zip(first.gpus, second.gpus, strict=True):
+        assert b.xid_events_total >= a.xid_events_total
 
 
 def test_xid_event_set_is_registered(backend) -> None:  # type: ignore[no-untyped-def]
@@ -65,37 +75,55 @@ def test_xid_event_set_is_registered(backend) -> None:  # type: ignore[no-untype
     assert after == before
 
 
-ALLOCATOR = f"""
+# A parent (the "API server") whose child (the "EngineCore") holds ALLOC_GIB on GPU 0, as vLLM's do.
+ENGINE = f"""
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", '''
 import sys, time, torch
 x = torch.empty({ALLOC_GIB} * 2**30, dtype=torch.uint8, device="cuda:0")
 x.fill_(1)
 torch.cuda.synchronize()
 print("allocated", flush=True)
-sys.stdin.read()
+time.sleep(120)
+'''], stdout=sys.stdout)
+child.wait()
 """
 
 
-def test_per_process_gpu_memory_is_attributed_to_the_allocating_pid(backend) -> None:  # type: ignore[no-untyped-def]
+def _record(path: str, reading: GpuReading) -> None:
+    frame = {"gpus": [g.model_dump(mode="json") for g in reading.gpus],
+             "processes": {str(pid): b for pid, b in reading.process_memory.items()},
+             "gpu_processes": {str(i): {str(pid): b for pid, b in procs.items()}
+                               for i, procs in reading.gpu_processes.items()}}
+    Path(path).write_text(json.dumps({"frames": [frame]}, indent=1) + "\n")
+
+
+def test_gpu_memory_is_attributed_to_the_pid_its_gpu_and_the_replica_tree(backend) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("torch")
-    child = subprocess.Popen([sys.executable, "-c", ALLOCATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
+    proc = subprocess.Popen([sys.executable, "-c", ENGINE], stdout=subprocess.PIPE, start_new_session=True)
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "allocated"
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"allocated"
+        child = next(c.pid for c in psutil.Process(proc.pid).children())
         deadline = time.monotonic() + 20
-        seen = 0
-        while time.monotonic() < deadline:
-            reading = backend.read()
-            seen = reading.process_memory.get(child.pid, 0)
-            if seen >= ALLOC_GIB * 2**30:
-                break
+        reading = backend.read()
+        while reading.process_memory.get(child, 0) < ALLOC_GIB * 2**30 and time.monotonic() < deadline:
             time.sleep(0.5)
-        print(f"pid {child.pid}: {seen / 2**30:.2f} GiB; all: {reading.process_memory}")
+            reading = backend.read()
+        print(f"child {child}: {reading.process_memory.get(child, 0) / 2**30:.2f} GiB; "
+              f"per GPU: {reading.gpu_processes}")
         record = os.environ.get("PITSTOP_GPU_RECORD")
         if record:
-            frame = {"gpus": [g.model_dump(mode="json") for g in reading.gpus],
-                     "processes": {str(pid): b for pid, b in reading.process_memory.items()}}
-            Path(record).write_text(json.dumps({"frames": [frame]}, indent=1) + "\n")
-        assert seen >= ALLOC_GIB * 2**30, f"NVML did not attribute {ALLOC_GIB} GiB to pid {child.pid}"
+            _record(record, reading)
+        assert reading.process_memory.get(child, 0) >= ALLOC_GIB * 2**30, "NVML did not attribute the memory"
+        assert reading.gpu_processes[0].get(child, 0) >= ALLOC_GIB * 2**30  # on the GPU it allocated on
+        sample = ProcessTreeSampler().sample(proc.pid, reading.process_memory)
+        assert sample.num_processes == 2
+        assert (sample.gpu_memory_bytes or 0) >= ALLOC_GIB * 2**30  # the child's memory is the replica's
+        # An agent whose replica is this tree owns it; one that did not start it reports an orphan.
+        assert OrphanWatch().check(reading.gpu_processes, owned=[], roots={proc.pid}) == []
+        orphans = OrphanWatch().check(reading.gpu_processes, owned=[], roots=set())
+        assert child in [o.pid for o in orphans if o.gpu == 0]
     finally:
-        child.kill()
-        child.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)

@@ -1,0 +1,147 @@
+"""Read only the wanted sample lines of Prometheus text exposition, exactly, and skip everything else.
+
+A vLLM /metrics body is ~600 lines (~70 kB), of which the agent reads ~120; prometheus_client's parser is
+pure Python and builds a family object per metric, which made parsing the largest item of the agent's
+CPU at a 1 s scrape of 8 engines. This reader looks at a line's name first (a ``str.startswith`` and one
+dict lookup) and parses labels and value only for the names asked for. What it parses, it parses strictly
+(the text format's escapes, ``+Inf``/``NaN``, an optional timestamp); a wanted line it cannot read is an
+error, never a silently wrong number. ``tests/agent/test_prom_lines.py`` checks it against
+prometheus_client's parser on recorded real vLLM output.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Collection
+
+Sample = tuple[dict[str, str], float]
+
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"\s*(?:,|$)')
+_NAME_END = re.compile(r"[{\s]")
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_SPECIAL = {"+Inf": math.inf, "Inf": math.inf, "-Inf": -math.inf, "NaN": math.nan}
+
+
+class PromTextError(ValueError):
+    """A wanted sample line that is not valid Prometheus text."""
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r"\\[\\\"n]", lambda m: _ESCAPES[m.group(0)], value) if "\\" in value else value
+
+
+def _labels(block: str, line: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    pos = 0
+    block = block.rstrip()
+    while pos < len(block):
+        match = _LABEL.match(block, pos)
+        if match is None or match.end() == pos:
+            raise PromTextError(f"bad labels in {line[:200]!r}")
+        labels[match.group(1)] = _unescape(match.group(2))
+        pos = match.end()
+    return labels
+
+
+def _value(text: str, line: str) -> float:
+    special = _SPECIAL.get(text)
+    if special is not None:
+        return special
+    try:
+        return float(text)
+    except ValueError as exc:
+        raise PromTextError(f"bad value in {line[:200]!r}") from exc
+
+
+def parse_line(line: str) -> tuple[str, dict[str, str], float]:
+    """One sample line ``name{labels} value [timestamp]`` -> (name, labels, value); ``PromTextError`` if not."""
+    match = _NAME_END.search(line)
+    if match is None:
+        raise PromTextError(f"no value in {line[:200]!r}")
+    name = line[:match.start()]
+    rest = line[match.start():]
+    labels: dict[str, str] = {}
+    if rest.startswith("{"):
+        close = _closing_brace(rest)
+        if close < 0:
+            raise PromTextError(f"unclosed labels in {line[:200]!r}")
+        labels = _labels(rest[1:close], line)
+        rest = rest[close + 1:]
+    parts = rest.split()
+    if not name or not 1 <= len(parts) <= 2:
+        raise PromTextError(f"not a sample line: {line[:200]!r}")
+    return name, labels, _value(parts[0], line)
+
+
+def _closing_brace(text: str) -> int:
+    """Index of the ``}`` that ends the label block starting at ``text[0]``, skipping quoted values."""
+    quoted = escaped = False
+    for i, ch in enumerate(text):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = quoted
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == "}" and not quoted:
+            return i
+    return -1
+
+
+def _common_prefix(names: list[str]) -> str:
+    """The characters every name starts with (``vllm:`` for the engine table)."""
+    if not names:
+        return ""
+    first, last = min(names), max(names)
+    n = 0
+    while n < min(len(first), len(last)) and first[n] == last[n]:
+        n += 1
+    return first[:n]
+
+
+class SampleSelector:
+    """Finds the sample lines of ``names`` with compiled regular expressions (the scan and the split into
+    name, label block and value run in C) and remembers parsed label blocks: between two scrapes of the
+    same engine they repeat exactly, only the values change. The cache is bounded; a label block is a few
+    hundred bytes at most. A wanted line the strict expression does not take is parsed by ``parse_line``,
+    which says what is wrong with it."""
+
+    def __init__(self, names: Collection[str], max_cached: int = 8192) -> None:
+        # "\n" + a literal common prefix first lets the regex engine jump from line to line by fast search;
+        # a leading "^" in MULTILINE mode would try every character (4x slower on vLLM's text).
+        prefix = _common_prefix(list(names))
+        name = re.escape(prefix) + "(?:" + "|".join(
+            re.escape(n[len(prefix):]) for n in sorted(names, key=len, reverse=True)) + ")"
+        self._lines = re.compile(rf"\n({name}(?:[{{ \t][^\n]*)?)(?=\n|$)")
+        self._samples = re.compile(rf"\n({name})(\{{[^\n]*\}})?[ \t]+([^ \t\r\n]+)(?:[ \t]+-?[0-9]+)?[ \t]*\r?(?=\n|$)")
+        self._labels: dict[str, dict[str, str]] = {}
+        self.max_cached = max_cached
+
+    def select(self, text: str) -> dict[str, list[Sample]]:
+        """The samples of the wanted names in exposition ``text``; other lines are never parsed."""
+        text = "\n" + text
+        found = self._samples.findall(text)
+        out: dict[str, list[Sample]] = {}
+        if len(found) != len(self._lines.findall(text)):
+            # A wanted line the fast form does not take (a float timestamp, or no sample at all): the exact
+            # line parser reads it, or says what is wrong with it.
+            for match in self._lines.finditer(text):
+                name, labels, value = parse_line(match.group(1).rstrip("\r"))
+                out.setdefault(name, []).append((labels, value))
+            return out
+        cache = self._labels
+        for name, block, value in found:
+            cached = cache.get(block)
+            if cached is None:
+                cached = _labels(block[1:-1], name + block) if block else {}
+                if len(cache) >= self.max_cached:
+                    cache.clear()
+                cache[block] = cached
+            out.setdefault(name, []).append((cached, _value(value, name + block)))
+        return out
+
+
+def select_samples(text: str, names: Collection[str]) -> dict[str, list[Sample]]:
+    """The samples of ``names`` in exposition ``text`` (comments and other names skipped unparsed)."""
+    return SampleSelector(names).select(text)

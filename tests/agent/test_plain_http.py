@@ -1,0 +1,118 @@
+"""The scrape transport against a real HTTP server: bodies, keep-alive, stale connections, errors, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+from agent.plain_http import PlainHttpTransport
+from tests.helpers import free_port, wait_until
+
+BODY = "vllm:num_requests_running 3\n" * 2000
+
+
+def make_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(BODY, headers={"x-encoding-asked": request.headers.get("accept-encoding", "")})
+
+    @app.get("/chunked")
+    async def chunked() -> StreamingResponse:
+        async def parts() -> object:
+            for i in range(5):
+                yield f"part{i};"
+        return StreamingResponse(parts(), media_type="text/plain")  # type: ignore[arg-type]
+
+    @app.post("/echo")
+    async def echo(request: Request) -> PlainTextResponse:
+        return PlainTextResponse((await request.body()).decode(), status_code=201)
+
+    @app.get("/slow")
+    async def slow() -> PlainTextResponse:
+        await asyncio.sleep(2)
+        return PlainTextResponse("late")
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    port = free_port()
+    # A short keep-alive timeout, so the stale-connection path is reachable in a second.
+    srv = uvicorn.Server(uvicorn.Config(make_app(), host="127.0.0.1", port=port, log_level="warning",
+                                        timeout_keep_alive=1))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    wait_until(lambda: srv.started, 10, what="test server")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_bodies_keep_alive_and_no_compression(server: str) -> None:
+    async def scenario() -> tuple[list[httpx.Response], int]:
+        transport = PlainHttpTransport()
+        async with httpx.AsyncClient(transport=transport) as client:
+            got = [await client.get(f"{server}/metrics") for _ in range(5)]
+            got.append(await client.get(f"{server}/chunked"))
+            got.append(await client.post(f"{server}/echo", content=b"hello"))
+        return got, transport.connections_opened
+
+    responses, opened = run(scenario())  # type: ignore[misc]
+    assert all(r.text == BODY for r in responses[:5])
+    assert responses[0].headers["x-encoding-asked"] == "identity"
+    assert responses[5].text == "part0;part1;part2;part3;part4;"
+    assert (responses[6].status_code, responses[6].text) == (201, "hello")
+    assert opened == 1  # one keep-alive connection for all seven requests
+
+
+def test_a_connection_the_server_closed_is_replaced(server: str) -> None:
+    async def scenario() -> tuple[str, int]:
+        transport = PlainHttpTransport()
+        async with httpx.AsyncClient(transport=transport) as client:
+            await client.get(f"{server}/metrics")
+            await asyncio.sleep(1.6)  # past the server's keep-alive timeout: it closes the idle connection
+            second = await client.get(f"{server}/metrics")
+        return second.text, transport.connections_opened
+
+    text, opened = run(scenario())  # type: ignore[misc]
+    assert text == BODY and opened == 2
+
+
+def test_refused_and_timeout_are_httpx_errors(server: str) -> None:
+    async def refused() -> None:
+        async with httpx.AsyncClient(transport=PlainHttpTransport()) as client:
+            await client.get(f"http://127.0.0.1:{free_port()}/metrics")
+
+    async def slow() -> None:
+        async with httpx.AsyncClient(transport=PlainHttpTransport()) as client:
+            await client.get(f"{server}/slow", timeout=0.3)
+
+    with pytest.raises(httpx.ConnectError):
+        run(refused())
+    with pytest.raises(httpx.ReadTimeout):
+        run(slow())
+
+
+def test_https_is_refused_so_it_can_be_mounted_for_http_only() -> None:
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=PlainHttpTransport()) as client:
+            await client.get("https://127.0.0.1:1/metrics")
+
+    with pytest.raises(httpx.UnsupportedProtocol):
+        run(scenario())
