@@ -72,7 +72,8 @@ class ReplicaConfig(_Strict):
     start_timeout: float = Field(default=600.0, gt=0)
     drain_timeout: float = Field(default=60.0, ge=0)
     # After readiness goes off, how long the load balancer needs to notice before in-flight work is counted.
-    drain_grace: float = Field(default=0.0, ge=0)
+    # Set it above the balancer's check interval x fall count; the default suits HAProxy's inter 1s fall 3.
+    drain_grace: float = Field(default=5.0, ge=0)
     stop_timeout: float = Field(default=30.0, ge=0)
     # Passed to the engine as ``--shutdown-timeout N`` unless ``args`` already name it: with 0 (vLLM's default)
     # SIGTERM aborts in-flight requests and can stall 15-120 s; with N > 0 vLLM finishes stragglers (DESIGN.md).

@@ -83,7 +83,9 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
                     "--kv-cache-memory-bytes", "67108864", "--enforce-eager", "--host", "{host}", "--port", "{port}"],
         # One sequence at a time: a burst of streams queues, so a drain has running and waiting work to wait for.
         "args": ["--max-num-seqs", "1"], "env": {"HF_HUB_OFFLINE": "1"},
-        "start_timeout": START_TIMEOUT, "drain_timeout": 90, "drain_grace": 1.0,
+        # drain_grace covers a request sent just before readiness went off that the starved API server is still
+        # tokenizing (it is not yet "running" or "waiting" in /metrics): on 2 busy cores that took over 2 s.
+        "start_timeout": START_TIMEOUT, "drain_timeout": 90, "drain_grace": 5.0,
         "stop_timeout": 30, "shutdown_timeout": 20, "probe_timeout": 10,
         "warmup": {"requests": 3, "max_tokens": 8, "timeout": 60},
     }
