@@ -47,8 +47,24 @@ class ServerConfig(BaseModel):
     executor_interval_seconds: float = Field(default=2.0, gt=0)
     # A running action whose replica is not READY at the desired generation by then has failed.
     action_deadline_seconds: float = Field(default=600.0, gt=0)
-    # Policy files for the evaluation job (None: the built-in defaults).
+    # Policy files for the evaluation job: the built-in defaults (unless ``policy_defaults`` is false), then
+    # every file of ``policy_dir`` and ``policy_dirs``; a policy named like an earlier one replaces it.
     policy_dir: str | None = None
+    policy_dirs: list[str] = Field(default_factory=list)
+    policy_defaults: bool = True
+    # False turns the policy job off (the executor still applies operators' actions).
+    policies_enabled: bool = True
+    # The leader evaluates the policies this often, and also this long after a report (debounced).
+    policy_interval_seconds: float = Field(default=5.0, gt=0)
+    policy_debounce_seconds: float = Field(default=1.0, ge=0)
+    # How much sample history a policy pass reads.
+    policy_history_seconds: float = Field(default=900.0, gt=0)
+    # Fleet-wide guardrails (budgets, rate limit, breaker): ``controlplane.policy.guardrails.GuardConfig``.
+    guardrails: dict[str, Any] = Field(default_factory=dict)
+    # Canaries: how long a canary runs beside its peers before it is judged, and how much worse it may be.
+    canary_window_seconds: float = Field(default=120.0, gt=0)
+    canary_max_latency_regression: float = Field(default=0.10, ge=0)
+    canary_max_throughput_drop: float = Field(default=0.25, ge=0, le=1)
     # A node whose last report is older than this reads as ``stale``.
     stale_after_seconds: float = Field(default=30.0, gt=0)
     # Samples at full resolution for this long, then one-minute averages until ``sample_retention_seconds``.
@@ -73,6 +89,21 @@ class ServerConfig(BaseModel):
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
         return self
+
+    @field_validator("guardrails")
+    @classmethod
+    def _guardrails_valid(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from controlplane.policy.guardrails import GuardConfig  # pure; imported here to keep settings light
+
+        GuardConfig.model_validate(value)
+        return value
+
+    @field_validator("policy_dirs", mode="before")
+    @classmethod
+    def _split_dirs(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [d.strip() for d in value.split(",") if d.strip()]
+        return value
 
     @field_validator("agent_tokens", "operator_tokens", "viewer_tokens", "admin_tokens", mode="before")
     @classmethod

@@ -106,6 +106,7 @@ async def post_report(node: str, request: Request) -> Response:
         raise
     verdict, answer = await run_in_threadpool(_store, ctx, report)
     ctx.telemetry.reports_received.labels(outcome=verdict.value).inc()
+    request.app.state.jobs.poke()  # evaluate the policies soon after new evidence (debounced)
     # Serialised here, once: the answer is already a validated model (the hot path at 200 reports a second).
     return Response(answer.model_dump_json(), media_type="application/json")
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import ValidationError
@@ -25,8 +26,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate policy files (errors as FILE:LINE: field: message)")
     check.add_argument("files", nargs="+", type=Path, help="policy YAML files or directories of them")
-    exp = sub.add_parser("explain", help="what each policy would do now for a snapshot, with guardrail decisions")
-    exp.add_argument("--snapshot", required=True, type=Path, help="fleet snapshot JSON (FleetSnapshot)")
+    exp = sub.add_parser("explain", help="what each policy would do now (on the live fleet, or for a snapshot), "
+                         "with guardrail decisions")
+    exp.add_argument("--snapshot", type=Path,
+                     help="fleet snapshot JSON (FleetSnapshot); without it, ask the control plane about the live fleet")
+    exp.add_argument("--api-url", default=os.environ.get("PITSTOP_API_URL", "http://127.0.0.1:8000"),
+                     help="control plane for the live fleet (env PITSTOP_API_URL; default http://127.0.0.1:8000)")
+    exp.add_argument("--token", default=os.environ.get("PITSTOP_TOKEN"),
+                     help="API token with at least the viewer role (env PITSTOP_TOKEN)")
     exp.add_argument("--policies", type=Path, default=DEFAULTS_DIR,
                      help="policy file or directory (default: the shipped defaults)")
     exp.add_argument("--guard-state", type=Path, help="guard state JSON: recent actions and the breaker")
@@ -69,7 +76,21 @@ def _read_model(path: Path, model: type[M]) -> M:
     return model.model_validate_json(text)
 
 
-def _explain(args: argparse.Namespace) -> int:
+def _explain_live(args: argparse.Namespace, client: Any) -> int:
+    from controlplane.remediation.live import LiveError, fetch_explain  # IO lives outside the pure package
+
+    try:
+        report = fetch_explain(args.api_url, args.token, client=client)
+    except LiveError as exc:
+        print(f"pitstop policy: {exc}", file=sys.stderr)
+        return 1
+    print(report.model_dump_json(indent=2) if args.json else render_text(report, evidence=not args.no_evidence))
+    return 0
+
+
+def _explain(args: argparse.Namespace, client: Any = None) -> int:
+    if args.snapshot is None:
+        return _explain_live(args, client)
     try:
         policies = load_files(_expand([args.policies]))
     except PolicyLoadError as exc:
@@ -88,11 +109,12 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, client: Any = None) -> int:
+    """``client``: an ``httpx.Client`` for the live explain (tests pass the app's own)."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.command == "check":
         return _check(args.files)
-    return _explain(args)
+    return _explain(args, client)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ class GuardState(_Frozen):
     records: list[ActionRecord] = Field(default_factory=list)
     breaker_tripped_at: AwareDatetime | None = None
     breaker_reason: str | None = None
+    # An operator's reset: what failed or disrupted before it no longer counts towards a new trip.
+    breaker_reset_at: AwareDatetime | None = None
 
 
 class BudgetRule(_Frozen):
@@ -97,6 +99,8 @@ def breaker_check(state: GuardState, config: GuardConfig, now: datetime) -> str 
     if state.breaker_tripped_at is not None:
         return f"tripped at {state.breaker_tripped_at.isoformat()}: {state.breaker_reason or 'no reason recorded'}"
     since = now - timedelta(seconds=config.breaker_window)
+    if state.breaker_reset_at is not None:
+        since = max(since, state.breaker_reset_at)
     recent = [r for r in state.records if r.at >= since]
     failures = sum(1 for r in recent if r.status == "failed")
     if failures >= config.breaker_max_failures:

@@ -4,8 +4,12 @@
 once however many control planes try) and writes the desired state in the same transaction:
 restart -> generation + 1 with the same args; set_flags / lower_max_num_seqs -> generation + 1 with new args;
 drain -> enabled false; cordon / uncordon -> the node's ``cordoned`` flag, which the agent reads in its
-``DesiredState``. ``reconcile`` marks running actions succeeded (every replica READY at the desired generation,
-or stopped for a drain) or failed (FATAL, or past the deadline). Both are functions of a session and ``now``.
+``DesiredState``; alert -> an alert row with a pending delivery. Rolling restarts, multi-replica argument
+changes and canaries are rollouts (``rollout.py``), advanced one batch per round from state kept in the row.
+A restart first captures the replica's log tail (and says why there is no stack dump). A planned restart waits
+in ``approved`` until its ``not_before``. ``reconcile`` marks running actions succeeded (every replica READY at
+the desired generation, or stopped for a drain) or failed (FATAL, or past the deadline). Both are functions of
+a session and ``now``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agent.wire import ReplicaState
 from controlplane.fleet.desired import DesiredChange, set_desired
+from controlplane.remediation import rollout
+from controlplane.remediation.alerting import raise_alert
 from controlplane.remediation.records import transition
+from controlplane.remediation.rollout import RolloutSettings
 from controlplane.store.db import session_scope
 from controlplane.store.models import ActionRow, Node, Replica
 
@@ -28,6 +35,8 @@ NEW_ARGS = frozenset({"set_flags", "lower_max_num_seqs", "raise_max_num_seqs"})
 INSTANT = frozenset({"cordon", "uncordon", "alert"})
 # A drained replica counts as stopped once the agent reports one of these (or stops listing it).
 STOPPED = frozenset({ReplicaState.STOPPED.value})
+# The agent has no stack-dump endpoint yet; the record says so rather than pretending there was nothing to see.
+NO_STACK_DUMP = "no stack dump: the agent offers no dump endpoint (py-spy) for this replica"
 
 
 def _split(key: str) -> tuple[str, str]:
@@ -42,9 +51,22 @@ def _args_for(row: ActionRow, key: str) -> list[str] | None:
     return None if args is None else [str(a) for a in args]
 
 
+def _capture(session: Session, row: ActionRow) -> None:
+    """Keep what a restart destroys: the last reported log tail of each replica, before the new generation."""
+    captured = {}
+    for key in row.replicas:
+        replica = session.get(Replica, _split(key))
+        captured[key] = {"log_tail": [] if replica is None else list(replica.log_tail)[-50:],
+                         "state": None if replica is None else replica.state, "stack_dump": None,
+                         "stack_dump_note": NO_STACK_DUMP}
+    row.params = {**row.params, "captured": captured}
+
+
 def _apply_replicas(session: Session, row: ActionRow, now: datetime) -> str | None:
     """Write the desired change for each replica; return why it cannot be applied, or None."""
     applied: dict[str, int | None] = {}
+    if row.kind in RESTARTS:
+        _capture(session, row)
     for key in row.replicas:
         node, name = _split(key)
         if row.kind in RESTARTS:
@@ -64,15 +86,17 @@ def _apply_replicas(session: Session, row: ActionRow, now: datetime) -> str | No
     return None
 
 
-def _apply_node(session: Session, row: ActionRow) -> str | None:
+def _apply_node(session: Session, row: ActionRow, now: datetime) -> str | None:
     if row.kind == "alert":
-        return None  # recorded here; delivery belongs to the alerting job
-    if row.params.get("scope") == "gpu":
-        return "cordoning a single GPU is not supported yet; cordon the node"
+        raise_alert(session=session, action=row, now=now)  # delivery belongs to the notifier
+        return None
     node = session.get(Node, row.node) if row.node else None
     if node is None:
         return f"no node named {row.node!r}"
     node.cordoned = row.kind == "cordon"
+    if row.params.get("scope") == "gpu":
+        # DesiredState carries a node-wide cordon only: fence the whole host rather than nothing.
+        row.params = {**row.params, "note": "the agent takes node-wide cordons: cordoned the GPU's node"}
     return None
 
 
@@ -83,16 +107,27 @@ def apply_action(*, session: Session, action_id: int, now: datetime) -> bool:
     row = session.get(ActionRow, action_id, populate_existing=True)
     assert row is not None
     if row.kind in INSTANT:
-        problem = _apply_node(session, row)
+        problem = _apply_node(session, row, now)
+    elif rollout.is_rollout(row):
+        rollout.start(session=session, row=row, now=now)
+        problem = None
     elif row.kind in RESTARTS | NEW_ARGS | {"drain"}:
         problem = _apply_replicas(session, row, now)
     else:
         problem = f"the executor cannot apply {row.kind!r} yet"
     if problem is not None:
         _finish(row, "failed", problem, now)
+    elif row.kind == "alert":
+        _finish(row, "succeeded", "alert recorded; delivery pending", now)
     elif row.kind in INSTANT:
         _finish(row, "succeeded", "applied", now)
     return True
+
+
+def due(row: ActionRow, now: datetime) -> bool:
+    """A planned restart waits for its slot (``not_before``); everything else is due at once."""
+    not_before = row.params.get("not_before")
+    return not_before is None or datetime.fromisoformat(str(not_before)) <= now
 
 
 def _finish(row: ActionRow, state: str, outcome: str, now: datetime) -> None:
@@ -102,8 +137,10 @@ def _finish(row: ActionRow, state: str, outcome: str, now: datetime) -> None:
 def apply_approved(*, sessions: sessionmaker[Session], now: Callable[[], datetime], limit: int = 100) -> list[int]:
     """Apply every approved action, each in its own transaction; return the ids this call applied."""
     with session_scope(sessions) as session:
-        ids = list(session.scalars(select(ActionRow.id).where(ActionRow.state == "approved")
-                                   .order_by(ActionRow.id).limit(limit)))
+        moment = now()
+        # Filter before limiting: planned restarts waiting for their slot must not crowd out due actions.
+        ids = [r.id for r in session.scalars(select(ActionRow).where(ActionRow.state == "approved")
+                                             .order_by(ActionRow.id)) if due(r, moment)][:limit]
     done: list[int] = []
     for action_id in ids:
         with session_scope(sessions) as session:
@@ -135,10 +172,18 @@ def judge(row: ActionRow, replicas: dict[str, Replica | None], now: datetime,
     return None
 
 
-def reconcile(*, session: Session, now: datetime, deadline: timedelta) -> dict[int, str]:
-    """Finish running actions whose replicas converged or failed; return {action id: new state}."""
+def reconcile(*, session: Session, now: datetime, deadline: timedelta,
+              settings: RolloutSettings | None = None) -> dict[int, str]:
+    """Finish running actions whose replicas converged or failed, advance rollouts; {action id: new state}."""
+    settings = settings or RolloutSettings(deadline=deadline)
     finished: dict[int, str] = {}
     for row in session.scalars(select(ActionRow).where(ActionRow.state == "running").order_by(ActionRow.id)).all():
+        if rollout.is_rollout(row):
+            verdict = rollout.advance(session=session, row=row, now=now, settings=settings)
+            if verdict is not None and transition(session=session, action_id=row.id, src="running",
+                                                  dst=verdict[0], now=now, finished_at=now, outcome=verdict[1]):
+                finished[row.id] = verdict[0]
+            continue
         keys = list(row.params.get("applied", {}))
         replicas = {k: session.get(Replica, _split(k)) for k in keys}
         verdict = judge(row, replicas, now, deadline)

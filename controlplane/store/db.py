@@ -74,6 +74,15 @@ def migrate(engine: Engine, revision: str = "head") -> None:
         command.upgrade(cfg, revision)
 
 
+def head_revision() -> str:
+    """The newest migration shipped with this version of Pitstop."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+    assert head is not None, "the migrations directory has no head"
+    return head
+
+
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as connection:
         try:

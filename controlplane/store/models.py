@@ -227,3 +227,16 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None]
     last_used_at: Mapped[datetime | None]
     replaced_by: Mapped[int | None]
+
+
+class BreakerState(Base):
+    """The remediation circuit breaker (a single row, id 1): tripped until an operator resets it."""
+
+    __tablename__ = "breaker_state"
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    tripped_at: Mapped[datetime | None]
+    reason: Mapped[str] = mapped_column(Text, default="")
+    # Failures and disruptions before the last reset no longer count towards a new trip.
+    reset_at: Mapped[datetime | None]
+    reset_by: Mapped[str | None] = mapped_column(String(128))

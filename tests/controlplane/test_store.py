@@ -11,19 +11,19 @@ from sqlalchemy import inspect
 from controlplane.api.app import create_app
 from controlplane.cli import main
 from controlplane.config import ServerConfig
-from controlplane.store.db import current_revision, make_engine
+from controlplane.store.db import current_revision, head_revision, make_engine
 from tests.controlplane.fixtures import body, report
 
 
 def test_migrate_command_builds_an_empty_database(tmp_path: Path, capsys) -> None:
     url = f"sqlite:///{tmp_path / 'new' / 'cp.db'}"
     assert main(["migrate", "--database-url", url]) == 0
-    assert "revision 0002" in capsys.readouterr().out
+    assert f"revision {head_revision()}" in capsys.readouterr().out
     engine = make_engine(url)
     try:
         tables = set(inspect(engine).get_table_names())
         assert {"nodes", "gpus", "replicas", "replica_events", "samples", "desired_replicas"} <= tables
-        assert current_revision(engine) == "0002"
+        assert current_revision(engine) == head_revision()
     finally:
         engine.dispose()
     assert main(["migrate", "--database-url", url]) == 0  # a second run is a no-op, not an error

@@ -1,0 +1,97 @@
+"""The console's Actions section, as data: API reads and writes, and API JSON -> rows and lines. No Streamlit.
+
+Shows why Pitstop did, or did not, do something: each action's state, policy, target, reason, the guardrails'
+verdicts and the evidence behind them; the proposals waiting for an operator; the circuit breaker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from controlplane.console.client import ApiUnavailable, _get
+from controlplane.console.shaping import Json
+
+EVIDENCE_POINTS = 5
+
+
+@dataclass(frozen=True)
+class ActionsView:
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    proposed: list[dict[str, Any]] = field(default_factory=list)
+    breaker: dict[str, Any] = field(default_factory=dict)
+
+
+def fetch_actions(client: httpx.Client, *, limit: int = 100) -> ActionsView:
+    """Recent actions, the proposals awaiting approval and the breaker, read in three requests."""
+    return ActionsView(actions=_get(client, "/v1/actions", {"limit": limit}),
+                       proposed=_get(client, "/v1/actions", {"state": "proposed", "limit": limit}),
+                       breaker=_get(client, "/v1/remediation/breaker"))
+
+
+def decide(client: httpx.Client, action_id: int, *, approve: bool) -> str:
+    """Approve or reject a proposed action with the console's token; a line for the page either way."""
+    verb = "approve" if approve else "reject"
+    try:
+        response = client.post(f"/v1/actions/{action_id}/{verb}")
+    except httpx.HTTPError as exc:
+        raise ApiUnavailable(f"cannot reach the control plane to {verb} action {action_id}: {exc}") from exc
+    if response.status_code in (401, 403):
+        return f"the console's token may not {verb} actions (HTTP {response.status_code}): it needs an operator token"
+    if response.status_code == 409:
+        return f"action {action_id} is no longer waiting for approval"
+    if response.status_code != 200:
+        return f"{verb} failed: HTTP {response.status_code}"
+    return f"action {action_id}: {response.json()['state']}"
+
+
+def _verdicts(action: Json) -> str:
+    parts = []
+    for g in action.get("guardrails") or []:
+        text = str(g.get("verdict", ""))
+        if g.get("guardrail"):
+            text += f" by {g['guardrail']}"
+        if g.get("reason"):
+            text += f": {g['reason']}"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def action_rows(actions: Sequence[Json]) -> list[dict[str, Any]]:
+    """One row per action, newest first, with the columns an on-call reads first."""
+    return [{
+        "id": a["id"], "created": a.get("created_at"), "state": a["state"], "policy": a.get("policy") or "operator",
+        "kind": a["kind"], "target": a["target"], "reason": a.get("reason", ""), "guardrails": _verdicts(a),
+        "outcome": a.get("outcome", ""), "by": a.get("approved_by") or a.get("requested_by"),
+    } for a in actions]
+
+
+def evidence_lines(action: Json, points: int = EVIDENCE_POINTS) -> list[str]:
+    """The findings behind an action and their last few samples, as text lines."""
+    lines: list[str] = []
+    for finding in action.get("evidence") or []:
+        lines.append(f"{finding.get('detector')} on {finding.get('subject')}: {finding.get('summary')}")
+        measured = {k: v for k, v in (finding.get("measured") or {}).items() if v is not None}
+        if measured:
+            lines.append("  measured: " + ", ".join(f"{k}={v}" for k, v in measured.items()))
+        for point in (finding.get("evidence") or [])[-points:]:
+            values = ", ".join(f"{k}={v}" for k, v in (point.get("values") or {}).items())
+            lines.append(f"  {point.get('at')}: {values}")
+    rollout = (action.get("params") or {}).get("rollout") or {}
+    if rollout.get("canary_verdict"):
+        lines.append(f"canary: {rollout['canary_verdict']['verdict']}: {rollout['canary_verdict']['reason']}")
+    if rollout.get("waiting"):
+        lines.append(f"rollout {rollout['waiting']}")
+    return lines
+
+
+def breaker_line(breaker: Json) -> tuple[bool, str]:
+    """(tripped, text) for the breaker banner."""
+    if breaker.get("tripped"):
+        return True, (f"Circuit breaker TRIPPED at {breaker.get('tripped_at')}: {breaker.get('reason')}. Disruptive "
+                      "automation is stopped until an operator resets it (POST /v1/remediation/breaker/reset).")
+    reset = f" (last reset {breaker['reset_at']} by {breaker.get('reset_by')})" if breaker.get("reset_at") else ""
+    return False, f"Circuit breaker closed: automation is running{reset}."

@@ -1,0 +1,57 @@
+"""Judging a canary: its p99 latencies and throughput over a window against its peers' over the same window.
+
+Pure. A canary is worse when a latency p99 (TTFT, inter-token) is more than ``max_latency_regression`` above
+the peers' or its generation throughput more than ``max_throughput_drop`` below theirs. Figures are means of
+the per-sample values each agent reported (each already a p99 over the agent's own window).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+LATENCIES = ("ttft_p99_seconds", "itl_p99_seconds")
+THROUGHPUT = "generation_tokens_per_second"
+MIN_SAMPLES = 2
+Values = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class CanaryVerdict:
+    verdict: Literal["pass", "fail", "wait"]
+    reason: str
+    figures: dict[str, float | None]
+
+
+def _mean(samples: Sequence[Values], key: str) -> float | None:
+    values = [float(s[key]) for s in samples if s.get(key) is not None]
+    return sum(values) / len(values) if values else None
+
+
+def judge_canary(canary: Sequence[Values], peers: Sequence[Sequence[Values]], max_latency_regression: float,
+                 max_throughput_drop: float) -> CanaryVerdict:
+    """Compare the canary's window to its peers' (one sequence of sample values per peer)."""
+    if not peers:
+        return CanaryVerdict("pass", "no peers to compare with: the canary converged", {})
+    if len(canary) < MIN_SAMPLES:
+        return CanaryVerdict("wait", f"{len(canary)} canary sample(s) in the window, need {MIN_SAMPLES}", {})
+    pooled = [s for peer in peers for s in peer]
+    figures: dict[str, float | None] = {}
+    problems: list[str] = []
+    for key in (*LATENCIES, THROUGHPUT):
+        mine, theirs = _mean(canary, key), _mean(pooled, key)
+        figures[f"canary_{key}"], figures[f"peers_{key}"] = mine, theirs
+        if mine is None or theirs is None or theirs <= 0:
+            continue
+        ratio = mine / theirs
+        if key in LATENCIES and ratio > 1 + max_latency_regression:
+            problems.append(f"{key} {mine:.4g} vs peers {theirs:.4g} (+{ratio - 1:.0%}, "
+                            f"allowed +{max_latency_regression:.0%})")
+        if key == THROUGHPUT and ratio < 1 - max_throughput_drop:
+            problems.append(f"{key} {mine:.4g} vs peers {theirs:.4g} ({ratio - 1:.0%}, "
+                            f"allowed -{max_throughput_drop:.0%})")
+    if problems:
+        return CanaryVerdict("fail", "canary worse than its peers: " + "; ".join(problems), figures)
+    return CanaryVerdict("pass", "canary no worse than its peers on p99 TTFT, p99 inter-token latency and "
+                         "throughput", figures)

@@ -1,0 +1,151 @@
+"""One policy round on the leader: snapshot -> evaluate -> guardrails -> record (-> the executor applies).
+
+Every decision is recorded so "why did Pitstop not act" has an answer: allowed actions as ``approved``,
+dry-run ones as ``shadow``, held ones as ``suppressed`` (the first of a streak: a refusal that repeats every
+round is one row, not one per round), approval-bound ones as ``proposed``. A proposal is dropped before the
+guardrails when an action for the same policy, kind and target is still open, or when a disruptive one would
+touch a replica another open action is already changing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from controlplane.policy.evaluate import evaluate
+from controlplane.policy.guardrails import Decision, GuardConfig, Verdict, decide
+from controlplane.policy.policy import Policy
+from controlplane.policy.proposals import ProposedAction
+from controlplane.remediation import breaker
+from controlplane.remediation.alerting import raise_alert
+from controlplane.remediation.planning import plan_restart, restart_deadline
+from controlplane.remediation.records import guard_state, record_decision
+from controlplane.remediation.rollout import GOVERNED
+from controlplane.remediation.snapshot import build_snapshot
+from controlplane.store.models import ActionRow, Sample
+
+OPEN = ("proposed", "approved", "running")
+REQUESTED_BY = "policy"
+
+
+@dataclass
+class RoundResult:
+    proposed: int = 0
+    recorded: list[int] = field(default_factory=list)
+    skipped_open: int = 0
+    breaker_tripped: str | None = None
+
+
+@dataclass
+class OpenActions:
+    keys: set[tuple[str, str, str]] = field(default_factory=set)
+    busy: set[str] = field(default_factory=set)  # replicas an approved or running action is changing
+    governed: set[str] = field(default_factory=set)  # models with a max-num-seqs change (or canary) open
+
+    def blocks(self, a: ProposedAction) -> bool:
+        if (a.policy, a.kind, a.target.key) in self.keys:
+            return True
+        if a.kind in GOVERNED and a.model in self.governed:
+            return True  # one change in flight per model: a canary rolls its own value to the peers
+        return a.disruptive and bool(self.busy & set(a.replicas))
+
+
+def _open_actions(session: Session) -> OpenActions:
+    found = OpenActions()
+    for row in session.scalars(select(ActionRow).where(ActionRow.state.in_(OPEN))):
+        found.keys.add((row.policy or "operator", row.kind, row.target))
+        if row.state != "proposed" and row.disruptive:
+            found.busy.update(row.replicas)
+        if row.kind in GOVERNED and row.model is not None:
+            found.governed.add(row.model)
+    return found
+
+
+def _is_repeat_refusal(session: Session, decision: Decision) -> bool:
+    a = decision.action
+    last = session.scalars(select(ActionRow).where(ActionRow.policy == a.policy, ActionRow.kind == a.kind,
+                                                   ActionRow.target == a.target.key)
+                           .order_by(ActionRow.id.desc()).limit(1)).first()
+    return (last is not None and last.state == "suppressed"
+            and bool(last.guardrails) and last.guardrails[0].get("guardrail") == decision.guardrail)
+
+
+def request_rates(session: Session, key: str, since: datetime) -> list[tuple[datetime, float]]:
+    node, _, name = key.partition("/")
+    rows = session.execute(select(Sample.at, Sample.values).where(
+        Sample.node == node, Sample.subject_kind == "replica", Sample.subject == name, Sample.at >= since))
+    return [(at, float(v["requests_per_second"])) for at, v in rows if v.get("requests_per_second") is not None]
+
+
+def _extra_params(session: Session, a: ProposedAction, policy: Policy | None, now: datetime) -> dict[str, Any]:
+    """What the executor needs beyond the engine's proposal: canary mode, a planned restart's time slot."""
+    extra: dict[str, Any] = {}
+    if a.runbook_url:
+        extra["runbook_url"] = a.runbook_url
+    if a.kind in GOVERNED and a.target.kind == "replica":
+        extra["canary"] = bool(getattr(policy.action, "canary", True)) if policy is not None else False
+    if a.kind == "planned_restart" and a.replicas:
+        left = min((f.figure("seconds_to_limit", float("inf")) for f in a.findings), default=float("inf"))
+        deadline = restart_deadline(now, float(a.params.get("within_seconds", 3600.0)),
+                                    None if left == float("inf") else left)
+        rates = request_rates(session, a.replicas[0], now - timedelta(days=1, hours=1) - (deadline - now))
+        not_before, why = plan_restart(now, deadline, rates)
+        extra.update(not_before=not_before.isoformat(), deadline=deadline.isoformat(), schedule=why)
+    return extra
+
+
+def _trip(session: Session, reason: str, now: datetime) -> None:
+    if not breaker.trip(session=session, reason=reason, now=now):
+        return
+    row = ActionRow(kind="alert", target_kind="fleet", target="fleet", node=None, replica=None, model=None,
+                    params={"severity": "page"}, state="succeeded", policy="circuit-breaker",
+                    reason=f"circuit breaker tripped: {reason}; automation is stopped until an operator resets it",
+                    evidence=[], guardrails=[], replicas=[], disruptive=False, expected_generation=None,
+                    requested_by=REQUESTED_BY, approved_by=None, created_at=now, updated_at=now, started_at=now,
+                    finished_at=now, outcome="alert recorded; delivery pending")
+    session.add(row)
+    session.flush()
+    raise_alert(session=session, action=row, now=now, severity="page")
+
+
+def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_config: GuardConfig,
+              history: timedelta) -> RoundResult:
+    """Evaluate every policy against the stored fleet and record the guarded decisions."""
+    result = RoundResult()
+    snapshot = build_snapshot(session=session, now=now, history=history)
+    proposed = evaluate(policies, snapshot, now)
+    result.proposed = len(proposed)
+    if not proposed:
+        return result
+    still_open = _open_actions(session)
+    fresh = []
+    for a in proposed:
+        if still_open.blocks(a):
+            result.skipped_open += 1
+            continue
+        fresh.append(a)
+    if not fresh:
+        return result
+    window = timedelta(seconds=max(3600.0, guard_config.breaker_window, guard_config.rate_window))
+    state = breaker.with_breaker(guard_state(session=session, now=now, window=window),
+                                 breaker.read(session=session))
+    by_name = {p.name: p for p in policies}
+    guarded = decide(fresh, state, snapshot, now, by_name, guard_config)
+    if guarded.breaker_trip is not None:
+        _trip(session, guarded.breaker_trip, now)
+        result.breaker_tripped = guarded.breaker_trip
+    for decision in guarded.decisions:
+        if decision.verdict is Verdict.SUPPRESSED and _is_repeat_refusal(session, decision):
+            continue
+        a = decision.action
+        extra = _extra_params(session, a, by_name.get(a.policy), now)
+        if extra:
+            decision = decision.model_copy(update={"action": a.model_copy(update={"params": {**a.params, **extra}})})
+        row = record_decision(session=session, decision=decision, now=now, requested_by=REQUESTED_BY,
+                              policy=a.policy)
+        result.recorded.append(row.id)
+    return result

@@ -1,0 +1,218 @@
+"""Rollouts: rolling restarts and canaried engine-argument changes, one batch at a time, resumable.
+
+A rollout's whole progress lives in its action row (``params["rollout"]``), never in memory, so a control
+plane that restarts mid-rollout (or a new leader) carries on from the batch it was in. Each executor round
+calls ``advance``: when the current batch reports READY at its new generation the next batch starts, if the
+model's disruption budget still holds without it (drain -> stop -> start -> warm -> READY is the agent's).
+
+A canary (a governed ``--max-num-seqs`` change on one replica with peers) first converges on its own, then
+runs beside its peers for ``canary_window``; ``canary.judge_canary`` compares them, and the value is rolled to
+the peers one at a time (pass) or the canary gets its previous arguments back (fail -> ``rolled_back``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from agent.wire import ReplicaState
+from controlplane.fleet.desired import DesiredChange, set_desired
+from controlplane.policy.engine_args import set_flag
+from controlplane.policy.guardrails import GuardConfig
+from controlplane.remediation.canary import judge_canary
+from controlplane.store.models import ActionRow, Replica, Sample
+
+FLAG = "--max-num-seqs"
+GOVERNED = frozenset({"lower_max_num_seqs", "raise_max_num_seqs"})
+Verdict = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    deadline: timedelta = timedelta(minutes=10)  # per batch
+    canary_window: timedelta = timedelta(minutes=2)
+    max_latency_regression: float = 0.10
+    max_throughput_drop: float = 0.25
+    guard: GuardConfig = field(default_factory=GuardConfig)
+
+
+def is_rollout(row: ActionRow) -> bool:
+    """Actions the rollout runs: rolling restarts, multi-replica argument changes, and canaries."""
+    if row.kind == "rolling_restart":
+        return True
+    if row.kind in GOVERNED:
+        return len(row.replicas) > 1 or bool(row.params.get("canary"))
+    return False
+
+
+def _key(replica: Replica) -> str:
+    return f"{replica.node}/{replica.name}"
+
+
+def _split(key: str) -> tuple[str, str]:
+    node, _, name = key.partition("/")
+    return node, name
+
+
+def _args_for(row: ActionRow, key: str, replica: Replica | None) -> list[str] | None:
+    """New arguments for ``key`` (None: a plain restart with the same arguments)."""
+    if row.kind == "rolling_restart":
+        return None
+    given: Any = row.params.get("engine_args")
+    if isinstance(given, dict) and key in given:
+        return [str(a) for a in given[key]]
+    # A peer the governor did not list: its own arguments with the canary's value.
+    base = list(replica.engine_args) if replica is not None else []
+    return set_flag(base, FLAG, str(row.params["max_num_seqs"]))
+
+
+def _start_batch(session: Session, row: ActionRow, plan: dict[str, Any], keys: Sequence[str],
+                 now: datetime) -> None:
+    applied: dict[str, int] = {}
+    for key in keys:
+        node, name = _split(key)
+        args = _args_for(row, key, session.get(Replica, (node, name)))
+        change = DesiredChange(restart=True, enabled=True) if args is None else DesiredChange(engine_args=args,
+                                                                                              enabled=True)
+        applied[key] = set_desired(session=session, node=node, name=name, change=change, now=now).generation
+    plan["batch"], plan["batch_started_at"] = applied, now.isoformat()
+    plan.pop("waiting", None)
+
+
+def _save(row: ActionRow, plan: dict[str, Any], now: datetime) -> None:
+    row.params = {**row.params, "rollout": dict(plan)}
+    row.updated_at = now
+
+
+def start(*, session: Session, row: ActionRow, now: datetime) -> None:
+    """Plan the rollout in the row and start its first batch (the canary, for a canary)."""
+    if row.kind in GOVERNED and row.params.get("canary") and len(row.replicas) == 1:
+        replica = session.get(Replica, _split(row.replicas[0]))
+        plan: dict[str, Any] = {"phase": "canary", "queue": [], "done": [], "canary": row.replicas[0],
+                                "previous_args": [] if replica is None else list(replica.engine_args)}
+        _start_batch(session, row, plan, row.replicas, now)
+    else:
+        size = int(row.params.get("batch_size", 1)) if row.kind == "rolling_restart" else 1
+        keys = list(row.replicas)
+        batches = [keys[i:i + size] for i in range(0, len(keys), size)]
+        plan = {"phase": "rolling", "queue": batches, "done": []}
+    _save(row, plan, now)
+
+
+def _batch_state(session: Session, batch: dict[str, int]) -> tuple[list[str], str | None]:
+    """(keys still converging, why the batch failed or None)."""
+    pending = []
+    for key, generation in batch.items():
+        replica = session.get(Replica, _split(key))
+        if replica is not None and replica.state == ReplicaState.FATAL.value:
+            return [], f"{key} is FATAL (exit code {replica.last_exit_code})"
+        if not (replica is not None and replica.generation >= generation and replica.ready
+                and replica.state == ReplicaState.READY.value):
+            pending.append(key)
+    return pending, None
+
+
+def _budget_allows(session: Session, model: str | None, batch: Sequence[str], guard: GuardConfig) -> str | None:
+    if model is None:
+        return None
+    members = list(session.scalars(select(Replica).where(Replica.model == model)))
+    rule = guard.budget_for(model)
+    floor = max(rule.min_ready, math.ceil(rule.min_ready_ratio * len(members)))
+    serving = [r for r in members if r.ready and r.state == ReplicaState.READY.value and _key(r) not in batch]
+    if len(serving) < floor and any(k in {_key(r) for r in members if r.ready} for k in batch):
+        return f"waiting: {len(serving)} other replica(s) of {model} READY, budget needs {floor}"
+    return None
+
+
+def _window(session: Session, key: str, since: datetime) -> list[dict[str, Any]]:
+    node, name = _split(key)
+    rows = session.scalars(select(Sample.values).where(Sample.node == node, Sample.subject_kind == "replica",
+                                                        Sample.subject == name, Sample.at >= since))
+    return [dict(v) for v in rows]
+
+
+def _judge(session: Session, row: ActionRow, plan: dict[str, Any], now: datetime,
+           settings: RolloutSettings) -> Verdict | None:
+    """The canary phase once the canary is READY: wait out the window, compare, then promote or roll back."""
+    ready_at = datetime.fromisoformat(plan.setdefault("canary_ready_at", now.isoformat()))
+    key = plan["canary"]
+    peers = [r for r in session.scalars(select(Replica).where(Replica.model == row.model))
+             if _key(r) != key and r.managed]
+    # A lone replica has no peers to compare with: its own SLO is the governor's to judge, next round.
+    if peers and now - ready_at < settings.canary_window:
+        return None
+    verdict = judge_canary(_window(session, key, ready_at), [_window(session, _key(p), ready_at) for p in peers],
+                           settings.max_latency_regression, settings.max_throughput_drop)
+    plan["canary_verdict"] = {"verdict": verdict.verdict, "reason": verdict.reason, "figures": verdict.figures}
+    if verdict.verdict == "wait":
+        return None
+    plan["done"] = [key]
+    if verdict.verdict == "fail":
+        node, name = _split(key)
+        previous = [str(a) for a in plan.get("previous_args") or []]
+        set_desired(session=session, node=node, name=name, change=DesiredChange(engine_args=previous, enabled=True),
+                    now=now)
+        plan["phase"], plan["batch"] = "rolled_back", {}
+        return "rolled_back", f"{verdict.reason}; {key} rolled back to {FLAG} {row.params.get('previous')}"
+    value = int(row.params["max_num_seqs"])
+    plan["phase"], plan["batch"] = "rolling", {}
+    plan["queue"] = [[_key(p)] for p in sorted(peers, key=_key) if _current(p) != value]
+    return None
+
+
+def _current(replica: Replica) -> int | None:
+    args = [str(a) for a in replica.engine_args]
+    for i, arg in enumerate(args):
+        if arg == FLAG and i + 1 < len(args):
+            return int(args[i + 1]) if args[i + 1].isdigit() else None
+        if arg.startswith(FLAG + "="):
+            value = arg.split("=", 1)[1]
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def advance(*, session: Session, row: ActionRow, now: datetime, settings: RolloutSettings) -> Verdict | None:
+    """One step of a running rollout; (final state, outcome) when it is over."""
+    plan: dict[str, Any] = dict(row.params.get("rollout") or {})
+    verdict = _step(session, row, plan, now, settings)
+    _save(row, plan, now)
+    return verdict
+
+
+def _step(session: Session, row: ActionRow, plan: dict[str, Any], now: datetime,
+          settings: RolloutSettings) -> Verdict | None:
+    batch: dict[str, int] = plan.get("batch") or {}
+    if batch:
+        pending, failure = _batch_state(session, batch)
+        if failure is not None:
+            return "failed", failure
+        if pending:
+            started = datetime.fromisoformat(plan["batch_started_at"])
+            if now - started > settings.deadline:
+                return "failed", (f"deadline of {settings.deadline.total_seconds():g}s passed; waiting on "
+                                  f"{', '.join(pending)}")
+            return None
+        if plan.get("phase") == "canary":
+            verdict = _judge(session, row, plan, now, settings)
+            if verdict is not None or plan["phase"] == "canary":
+                return verdict
+        else:
+            plan["done"] = [*plan.get("done", []), *batch]
+            plan["batch"] = {}
+    queue: list[list[str]] = plan.get("queue", [])
+    if not queue:
+        done = plan.get("done", [])
+        return "succeeded", f"{len(done)} replica(s) READY at their new generation: {', '.join(done)}"
+    waiting = _budget_allows(session, row.model, queue[0], settings.guard)
+    if waiting is not None:
+        plan["waiting"] = waiting
+        return None
+    _start_batch(session, row, plan, queue[0], now)
+    plan["queue"] = queue[1:]
+    return None

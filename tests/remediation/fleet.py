@@ -1,0 +1,166 @@
+"""A simulated fleet for remediation tests: the real app on SQLite, a fake clock, and agents that converge.
+
+``SimAgent`` stands in for ``pitstop agent``: it reports its replicas and, when told to converge, does what
+the real agent does with the answer (a new generation -> READY with the new args; disabled -> STOPPED).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from agent.wire import (
+    PROTOCOL_VERSION,
+    DesiredState,
+    EngineSample,
+    GpuSample,
+    NodeReport,
+    ProcessSample,
+    ReplicaState,
+    ReplicaStatus,
+)
+from controlplane.api.app import create_app
+from controlplane.config import ServerConfig
+from controlplane.jobs import Jobs
+from tests.controlplane.fixtures import T0, FakeClock
+
+GIB = 1024**3
+
+
+@dataclass
+class SimReplica:
+    name: str
+    model: str = "tiny-llama"
+    state: ReplicaState = ReplicaState.READY
+    generation: int = 1
+    engine_args: list[str] = field(default_factory=lambda: ["--max-num-seqs", "64"])
+    gpus: list[int] = field(default_factory=lambda: [0])
+    running: float = 2.0
+    waiting: float = 0.0
+    tokens_total: float = 0.0
+    tokens_per_second: float = 100.0
+    requests_per_second: float = 2.0
+    ttft: float = 0.12
+    itl: float = 0.02
+    rss: int = 2 * GIB
+    canary_ok: bool = True
+    stalled: bool = False
+    exit_code: int | None = None
+    log_tail: list[str] = field(default_factory=lambda: ["INFO engine started"])
+    restarts: int = 0
+
+    def status(self, now_seconds: float) -> ReplicaStatus:
+        if not self.stalled:
+            self.tokens_total += self.tokens_per_second * now_seconds
+        serving = self.state == ReplicaState.READY
+        return ReplicaStatus(
+            name=self.name, model=self.model, url="http://127.0.0.1:9001", state=self.state, ready=serving,
+            gpus=self.gpus, generation=self.generation, engine_args=list(self.engine_args),
+            restarts_total=self.restarts, state_since=T0, last_exit_code=self.exit_code, log_tail=self.log_tail,
+            engine=EngineSample(requests_running=self.running, requests_waiting=self.waiting,
+                                generation_tokens_total=self.tokens_total,
+                                generation_tokens_per_second=0.0 if self.stalled else self.tokens_per_second,
+                                requests_per_second=self.requests_per_second, ttft_p99_seconds=self.ttft,
+                                itl_p99_seconds=self.itl) if serving else None,
+            process=ProcessSample(pid=4242, rss_bytes=self.rss, num_processes=4),
+            canary_ok=self.canary_ok if serving else None, canary_ttft_seconds=0.05 if serving else None,
+        )
+
+
+@dataclass
+class SimAgent:
+    node: str
+    replicas: list[SimReplica]
+    temperature: float = 60.0
+    xid_total: int = 0
+    last_xid: int | None = None
+    sequence: int = 0
+    desired: DesiredState | None = None
+
+    def replica(self, name: str) -> SimReplica:
+        return next(r for r in self.replicas if r.name == name)
+
+    def report(self, client: TestClient, clock: FakeClock, step: float) -> DesiredState:
+        self.sequence += 1
+        gpu = GpuSample(index=0, uuid="GPU-0000", name="NVIDIA H200", temperature_celsius=self.temperature,
+                        slowdown_temperature_celsius=89.0, memory_used_bytes=70 * GIB, memory_total_bytes=141 * GIB,
+                        xid_events_total=self.xid_total, last_xid=self.last_xid)
+        body = NodeReport(protocol_version=PROTOCOL_VERSION, node=self.node, hostname=f"{self.node}.example",
+                          agent_version="0.1.0", agent_url=None, sent_at=clock(), sequence=self.sequence,
+                          gpus=[gpu], replicas=[r.status(step) for r in self.replicas], events=[])
+        response = client.post(f"/v1/agents/{self.node}/report", json=body.model_dump(mode="json"))
+        assert response.status_code == 200, response.text
+        self.desired = DesiredState.model_validate(response.json())
+        return self.desired
+
+    def converge(self) -> None:
+        """Do what the agent does with the last answer: restart into a new generation, or stop."""
+        assert self.desired is not None
+        for spec in self.desired.replicas:
+            r = self.replica(spec.name)
+            if not spec.enabled:
+                r.state = ReplicaState.STOPPED
+            elif spec.generation > r.generation:
+                r.generation, r.engine_args = spec.generation, list(spec.engine_args)
+                r.state, r.stalled, r.canary_ok, r.exit_code = ReplicaState.READY, False, True, None
+                r.restarts += 1
+                r.tokens_total = 0.0
+
+
+class Fleet:
+    """The app under test, its clock and its agents; ``step`` reports, evaluates and executes once."""
+
+    def __init__(self, client: TestClient, clock: FakeClock, agents: list[SimAgent]) -> None:
+        self.client, self.clock, self.agents = client, clock, agents
+        self.jobs: Jobs = client.app.state.jobs  # type: ignore[attr-defined]
+        self.jobs.elect()
+
+    def agent(self, node: str) -> SimAgent:
+        return next(a for a in self.agents if a.node == node)
+
+    def step(self, seconds: float = 10.0, *, converge: bool = False) -> None:
+        self.clock.advance(seconds)
+        for a in self.agents:
+            a.report(self.client, self.clock, seconds)
+        self.jobs.evaluate()
+        self.jobs.execute()
+        if converge:
+            for a in self.agents:
+                a.report(self.client, self.clock, 0.0)
+                a.converge()
+
+    def run(self, seconds: float, every: float = 10.0, *, converge: bool = False) -> None:
+        for _ in range(int(seconds / every)):
+            self.step(every, converge=converge)
+
+    def actions(self, **params: Any) -> list[dict[str, Any]]:
+        response = self.client.get("/v1/actions", params=params)
+        assert response.status_code == 200, response.text
+        rows: list[dict[str, Any]] = response.json()
+        return rows
+
+    def action(self, action_id: int) -> dict[str, Any]:
+        got: dict[str, Any] = self.client.get(f"/v1/actions/{action_id}").json()
+        return got
+
+
+def server_config(tmp_path: Path, **overrides: Any) -> ServerConfig:
+    return ServerConfig(**{"database_url": f"sqlite:///{tmp_path / 'pitstop.db'}", **overrides})
+
+
+@contextmanager
+def fleet(tmp_path: Path, agents: list[SimAgent], clock: FakeClock | None = None, **settings: Any) -> Iterator[Fleet]:
+    clock = clock or FakeClock(T0 - timedelta(minutes=30))
+    app = create_app(server_config(tmp_path, **settings), clock=clock, run_jobs=False)
+    with TestClient(app) as client:
+        f = Fleet(client, clock, agents)
+        try:
+            yield f
+        finally:
+            f.jobs.stop()  # gives up leadership (on PostgreSQL, the advisory lock) for the next app

@@ -1,0 +1,83 @@
+"""The console's Actions section: rows and evidence from real API answers, approve from the page."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from streamlit.testing.v1 import AppTest
+
+from controlplane.api.app import create_app
+from controlplane.console import actions
+from controlplane.console import app as console_app
+from controlplane.console.client import ENV_API_URL, ENV_TOKEN
+from tests.controlplane.fixtures import T0, FakeClock
+from tests.helpers import free_port, http_ok, wait_until
+from tests.remediation.fleet import SimAgent, SimReplica, fleet, server_config
+from tests.remediation.test_guarded_flows import STALL, policy_dir, wedge
+
+
+def test_rows_show_state_policy_verdicts_and_the_evidence(tmp_path: Path) -> None:
+    agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
+    policies = policy_dir(tmp_path, stall=STALL % ", require_approval: true")
+    with fleet(tmp_path, [agent], policy_dirs=[str(policies)]) as f:
+        f.run(30)
+        wedge(agent, "r0")
+        f.run(60)
+        view = actions.fetch_actions(f.client)
+        [row] = actions.action_rows(view.actions)
+        assert row["state"] == "proposed" and row["policy"] == "stall" and row["target"] == "replica:gpu-a/r0"
+        assert row["guardrails"].startswith("awaiting_approval by approval")
+        lines = actions.evidence_lines(view.actions[0])
+        assert lines[0].startswith("stall on gpu-a/r0") and any("canary_ok=False" in x for x in lines)
+        assert [p["id"] for p in view.proposed] == [row["id"]]
+        assert actions.breaker_line(view.breaker) == (False, "Circuit breaker closed: automation is running.")
+        assert actions.decide(f.client, row["id"], approve=True) == f"action {row['id']}: running"
+        assert actions.decide(f.client, row["id"], approve=False) == f"action {row['id']} is no longer waiting " \
+                                                                      "for approval"
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[str]:
+    """A control plane with a proposal waiting, served by uvicorn in a thread (operator token "op")."""
+    agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
+    policies = policy_dir(tmp_path, stall=STALL % ", require_approval: true")
+    clock = FakeClock(T0 - timedelta(minutes=5))
+    with fleet(tmp_path, [agent], clock, policy_dirs=[str(policies)]) as f:
+        f.run(30)
+        wedge(agent, "r0")
+        f.run(60)
+    config = server_config(tmp_path, policy_dirs=[str(policies)], operator_tokens=["op"], policies_enabled=False)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(config, clock=clock), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: http_ok(f"{url}/healthz"), timeout=15, what="control plane to listen")
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_the_page_lists_a_proposal_and_approves_it(served: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_API_URL, served)
+    monkeypatch.setenv(ENV_TOKEN, "op")
+    page = AppTest.from_file(str(Path(console_app.__file__)), default_timeout=30)
+    page.run()
+    assert not page.exception, page.exception
+    assert any(h.value == "Actions" for h in page.subheader)
+    assert any("Circuit breaker closed" in c.value for c in page.caption)
+    approve = next(b for b in page.button if b.label == "Approve")
+    approve.click().run()
+    assert not page.exception, page.exception
+    headers = {"Authorization": "Bearer op"}
+    [done] = httpx.get(f"{served}/v1/actions", params={"policy": "stall"}, headers=headers).json()
+    assert done["state"] == "running" and done["approved_by"]

@@ -1,0 +1,218 @@
+"""The closed loop on the real app (SQLite, fake clock): reports in, actions recorded, desired state out, outcomes.
+
+Each test posts reports the way agents would, runs the leader's policy round and executor, and asserts what an
+SRE would look at: the action records (evidence, guardrail decisions, outcome), the desired state the agents
+get back, and the alerts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agent.wire import ReplicaState
+from tests.remediation.fleet import GIB, SimAgent, SimReplica, fleet
+
+
+def by_kind(rows: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r["kind"] == kind]
+
+
+def test_a_stalled_replica_is_restarted_with_its_log_tail_kept_and_succeeds_when_ready(tmp_path: Path) -> None:
+    agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
+    with fleet(tmp_path, [agent]) as f:
+        f.run(60)
+        assert f.actions() == []  # a healthy fleet: nothing to do
+        wedged = agent.replica("r0")
+        wedged.stalled, wedged.canary_ok, wedged.waiting = True, False, 4
+        wedged.log_tail = ["INFO step 1041", "WARNING EngineCore heartbeat late"]
+        f.run(150)
+        [restart] = by_kind(f.actions(), "restart")
+        assert restart["policy"] == "stall" and restart["target"] == "replica:gpu-a/r0"
+        assert restart["state"] == "running"
+        assert restart["guardrails"] == [{"verdict": "allowed", "guardrail": None, "reason": ""}]
+        evidence = restart["evidence"][0]
+        assert evidence["detector"] == "stall" and evidence["evidence"], "the samples that triggered it"
+        captured = restart["params"]["captured"]["gpu-a/r0"]
+        assert captured["log_tail"][-1] == "WARNING EngineCore heartbeat late"
+        assert "no dump endpoint" in captured["stack_dump_note"]
+        # The agent is told: generation 2 for r0, r1 untouched.
+        desired = {s["name"]: s for s in f.client.get("/v1/desired", params={"node": "gpu-a"}).json()}
+        assert desired["r0"]["generation"] == 2 and "r1" not in desired
+        f.step(10, converge=True)
+        f.step(10)
+        done = f.action(restart["id"])
+        assert done["state"] == "succeeded" and done["finished_at"] is not None
+        # The notify alert went on record, delivery pending for the notifier.
+        alerts = f.client.get("/v1/alerts").json()
+        assert any(a["labels"]["alertname"] == "pitstop-stall" for a in alerts)
+
+
+def test_a_restart_that_ends_fatal_fails(tmp_path: Path) -> None:
+    agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
+    with fleet(tmp_path, [agent]) as f:
+        f.run(30)
+        r0 = agent.replica("r0")
+        r0.stalled, r0.canary_ok, r0.waiting = True, False, 4
+        f.run(150)
+        [restart] = by_kind(f.actions(), "restart")
+        r0.state, r0.exit_code, r0.log_tail = ReplicaState.FATAL, 1, ["CUDA error: an illegal memory access"]
+        f.step(10)
+        failed = f.action(restart["id"])
+        assert failed["state"] == "failed" and "FATAL" in failed["outcome"]
+        # FATAL is a crash loop: the crash-loop policy pages with the evidence.
+        [page] = [a for a in f.actions(policy="crash-loop") if a["kind"] == "alert"]
+        assert page["params"]["severity"] == "page" and page["state"] == "succeeded"
+
+
+def test_a_ttft_breach_lowers_max_num_seqs_on_a_canary_then_rolls_it_to_the_peers(tmp_path: Path) -> None:
+    agent = SimAgent("gpu-a", [SimReplica(f"r{i}", ttft=0.8) for i in range(3)])
+    with fleet(tmp_path, [agent], canary_window_seconds=60) as f:
+        f.run(90)
+        [canary] = by_kind(f.actions(), "lower_max_num_seqs")
+        assert canary["params"]["canary"] is True and canary["params"]["max_num_seqs"] == 48
+        name = canary["target"].rsplit("/", 1)[1]
+        f.step(10, converge=True)
+        assert agent.replica(name).engine_args[-2:] == ["--max-num-seqs", "48"]
+        agent.replica(name).ttft = 0.3  # the smaller batch meets the SLO
+        f.run(80)
+        judged = f.action(canary["id"])["params"]["rollout"]
+        assert judged["canary_verdict"]["verdict"] == "pass", judged
+        # The peers follow one at a time: never two restarting together.
+        for _ in range(6):
+            f.step(10, converge=True)
+            new = [r for r in agent.replicas if "48" in r.engine_args]
+            assert len(new) <= 3
+        done = f.action(canary["id"])
+        assert done["state"] == "succeeded", done
+        assert all(r.engine_args[-2:] == ["--max-num-seqs", "48"] for r in agent.replicas)
+        assert len(by_kind(f.actions(), "lower_max_num_seqs")) == 1, "the governor did not race the rollout"
+
+
+def test_a_canary_worse_than_its_peers_is_rolled_back(tmp_path: Path) -> None:
+    agent = SimAgent("gpu-a", [SimReplica(f"r{i}", ttft=0.8) for i in range(3)])
+    with fleet(tmp_path, [agent], canary_window_seconds=60) as f:
+        f.run(90)
+        [canary] = by_kind(f.actions(), "lower_max_num_seqs")
+        name = canary["target"].rsplit("/", 1)[1]
+        f.step(10, converge=True)
+        agent.replica(name).ttft = 1.6  # worse than the peers' 0.8
+        f.run(80)
+        rolled = f.action(canary["id"])
+        assert rolled["state"] == "rolled_back", rolled
+        assert "ttft_p99_seconds" in rolled["outcome"]
+        f.step(10, converge=True)
+        assert agent.replica(name).engine_args[-2:] == ["--max-num-seqs", "64"]
+        assert all(r.engine_args[-2:] == ["--max-num-seqs", "64"] for r in agent.replicas)
+
+
+def test_a_hot_gpu_raises_an_alert_with_its_temperatures(tmp_path: Path) -> None:
+    agent = SimAgent("gpu-a", [SimReplica("r0")], temperature=86.0)
+    with fleet(tmp_path, [agent]) as f:
+        f.run(150)
+        rows = f.actions(policy="thermal")
+        [alert_action] = [a for a in rows if a["state"] == "succeeded"]
+        assert alert_action["kind"] == "alert" and alert_action["target"] == "gpu:gpu-a/0"
+        # While it stays hot the policy keeps proposing: held by its cooldown, recorded once, not every round.
+        [held] = [a for a in rows if a["state"] == "suppressed"]
+        assert held["guardrails"][0]["guardrail"] == "cooldown"
+        assert alert_action["evidence"][0]["detector"] == "thermal"
+        [alert] = [a for a in f.client.get("/v1/alerts").json() if a["action_id"] == alert_action["id"]]
+        assert alert["state"] == "firing" and alert["annotations"]["evidence"]
+
+
+def test_a_hardware_xid_cordons_the_node_and_pages_until_an_operator_uncordons(tmp_path: Path) -> None:
+    agent = SimAgent("gpu-a", [SimReplica("r0")])
+    with fleet(tmp_path, [agent]) as f:
+        f.run(30)
+        agent.xid_total, agent.last_xid = 1, 79  # GPU fell off the bus
+        f.step(10)
+        f.step(10)
+        [cordon] = by_kind(f.actions(), "cordon")
+        assert cordon["policy"] == "xid-hardware" and cordon["state"] == "succeeded"
+        assert agent.desired is not None and agent.desired.cordoned
+        assert any(a["params"].get("severity") == "page" for a in by_kind(f.actions(), "alert"))
+        answer = f.client.post("/v1/nodes/gpu-a/actions", json={"kind": "uncordon"})
+        assert answer.status_code == 201 and answer.json()["state"] == "succeeded"
+        f.step(10)
+        assert not agent.desired.cordoned
+
+
+def test_a_steady_rss_leak_schedules_a_planned_restart(tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "rss-leak.yaml").write_text(
+        "name: rss-leak\ncondition: {detector: leak, resource: rss, min_window: 10m, limit_bytes: 8589934592}\n"
+        "action: {kind: planned_restart, within: 1h}\n")
+    agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
+    with fleet(tmp_path, [agent], policy_dirs=[str(policies)]) as f:
+        for _ in range(90):  # 15 minutes, +20 MiB a minute
+            agent.replica("r0").rss += 20 * 1024**2 // 6
+            f.step(10)
+        [planned] = by_kind(f.actions(), "planned_restart")
+        assert planned["target"] == "replica:gpu-a/r0"
+        # No traffic history from a day ago: no quiet window to wait for, so it runs at once.
+        assert "at once" in planned["params"]["schedule"]
+        assert planned["state"] in ("running", "succeeded")
+        assert planned["evidence"][0]["measured"]["slope_bytes_per_minute"] > 15 * 1024**2
+        assert agent.replica("r0").rss > 2 * GIB
+
+
+def test_a_lone_replica_is_held_by_the_default_disruption_budget(tmp_path: Path) -> None:
+    agent = SimAgent("gpu-a", [SimReplica("r0", ttft=0.8)])
+    with fleet(tmp_path, [agent]) as f:
+        f.run(90)
+        [held] = by_kind(f.actions(), "lower_max_num_seqs")
+        assert held["state"] == "suppressed" and held["guardrails"][0]["guardrail"] == "disruption_budget"
+        assert agent.replica("r0").generation == 1
+
+
+def test_a_lone_replica_takes_the_new_value_as_soon_as_it_is_ready(tmp_path: Path) -> None:
+    agent = SimAgent("gpu-a", [SimReplica("r0", ttft=0.8)])
+    # The default budget keeps one replica READY: a lone replica may only restart where the budget allows 0.
+    with fleet(tmp_path, [agent], guardrails={"budget": {"min_ready": 0, "min_ready_ratio": 0}}) as f:
+        f.run(90)
+        [lowered] = by_kind(f.actions(), "lower_max_num_seqs")
+        f.step(10, converge=True)
+        f.step(10)
+        done = f.action(lowered["id"])
+        assert done["state"] == "succeeded", done
+        assert "no peers" in done["params"]["rollout"]["canary_verdict"]["reason"]
+        assert agent.replica("r0").engine_args[-2:] == ["--max-num-seqs", "48"]
+
+
+def test_a_planned_restart_waits_for_yesterdays_quiet_hour_when_there_is_time(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from controlplane.store.db import make_engine, make_sessionmaker, session_scope
+    from controlplane.store.models import Sample
+
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "rss-leak.yaml").write_text(
+        "name: rss-leak\ncondition: {detector: leak, resource: rss, min_window: 10m, limit_bytes: 17179869184}\n"
+        "action: {kind: planned_restart, within: 1h}\n")
+    agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
+    # Only this policy: over the hour the default governor would also raise max-num-seqs on the quiet fleet.
+    with fleet(tmp_path, [agent], policy_dirs=[str(policies)], policy_defaults=False) as f:
+        start = f.clock()
+        sessions = make_sessionmaker(make_engine(f"sqlite:///{tmp_path / 'pitstop.db'}"))
+        with session_scope(sessions) as session:  # yesterday: busy, but quiet 40-50 minutes after this hour
+            for minute in range(0, 180):
+                rate = 0.5 if 40 <= minute <= 50 else 12.0
+                session.add(Sample(node="gpu-a", subject_kind="replica", subject="r0", resolution_seconds=60,
+                                   at=start - timedelta(days=1) + timedelta(minutes=minute),
+                                   values={"requests_per_second": rate}))
+        for _ in range(90):
+            agent.replica("r0").rss += 20 * 1024**2 // 6
+            f.step(10)
+        [planned] = by_kind(f.actions(), "planned_restart")
+        assert "quietest" in planned["params"]["schedule"]
+        not_before = planned["params"]["not_before"]
+        assert str(start + timedelta(minutes=35)) < not_before.replace("T", " ") < str(start + timedelta(minutes=56))
+        assert planned["state"] == "approved" and agent.replica("r0").generation == 1, "waiting for its slot"
+        for _ in range(45):
+            f.step(60, converge=True)
+        done = f.action(planned["id"])
+        assert done["state"] == "succeeded" and done["started_at"] >= not_before.replace("+00:00", "Z")
+        assert agent.replica("r0").generation == 2

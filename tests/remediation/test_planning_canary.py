@@ -1,0 +1,52 @@
+"""Pure parts of the loop: when a planned restart runs, and how a canary is judged against its peers."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from controlplane.remediation.canary import judge_canary
+from controlplane.remediation.planning import plan_restart, restart_deadline
+from tests.controlplane.fixtures import T0
+
+
+def test_a_planned_restart_waits_for_the_quietest_hour_seen_a_day_ago() -> None:
+    # Yesterday: busy (10 req/s) except a lull from +40 to +50 minutes.
+    history = [(T0 - timedelta(days=1) + timedelta(minutes=m), 1.0 if 40 <= m <= 50 else 10.0)
+               for m in range(0, 120, 1)]
+    not_before, why = plan_restart(T0, T0 + timedelta(hours=1), history)
+    assert T0 + timedelta(minutes=35) <= not_before <= T0 + timedelta(minutes=55)
+    assert "quietest" in why
+
+
+def test_a_planned_restart_runs_at_once_without_time_or_history() -> None:
+    assert plan_restart(T0, T0 + timedelta(minutes=5), [])[0] == T0
+    when, why = plan_restart(T0, T0 + timedelta(hours=1), [])
+    assert when == T0 and "no request-rate history" in why
+
+
+def test_the_deadline_comes_before_projected_exhaustion() -> None:
+    assert restart_deadline(T0, 3600, seconds_to_limit=600) == T0 + timedelta(seconds=480)
+    assert restart_deadline(T0, 3600, seconds_to_limit=None) == T0 + timedelta(hours=1)
+
+
+def _samples(ttft: float, itl: float, tps: float, n: int = 5) -> list[dict[str, float]]:
+    return [{"ttft_p99_seconds": ttft, "itl_p99_seconds": itl, "generation_tokens_per_second": tps}] * n
+
+
+def test_a_canary_no_worse_than_its_peers_passes() -> None:
+    verdict = judge_canary(_samples(0.3, 0.02, 95), [_samples(0.8, 0.03, 100)] * 2, 0.1, 0.25)
+    assert verdict.verdict == "pass"
+    assert verdict.figures["peers_ttft_p99_seconds"] == pytest.approx(0.8)
+
+
+def test_a_canary_with_worse_latency_or_much_less_throughput_fails() -> None:
+    slower = judge_canary(_samples(1.2, 0.02, 100), [_samples(0.8, 0.02, 100)], 0.1, 0.25)
+    assert slower.verdict == "fail" and "ttft_p99_seconds" in slower.reason
+    starved = judge_canary(_samples(0.5, 0.02, 50), [_samples(0.8, 0.02, 100)], 0.1, 0.25)
+    assert starved.verdict == "fail" and "generation_tokens_per_second" in starved.reason
+
+
+def test_a_canary_without_samples_waits() -> None:
+    assert judge_canary([], [_samples(0.8, 0.02, 100)], 0.1, 0.25).verdict == "wait"
