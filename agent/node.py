@@ -17,6 +17,7 @@ from collections.abc import Callable, Generator
 from datetime import datetime
 
 import httpx
+import psutil
 import uvicorn
 from prometheus_client import CollectorRegistry
 
@@ -81,6 +82,7 @@ class Agent:
         self.gpu = gpu
         self.wall = wall
         self.state_dir = config.resolved_state_dir
+        self.host_memory_bytes = int(psutil.virtual_memory().total)
         self.replicas: dict[str, Replica] = {}
         for spec in config.replicas:
             if spec.managed:
@@ -209,6 +211,7 @@ class Agent:
         return NodeReport(
             protocol_version=PROTOCOL_VERSION, node=self.node, hostname=socket.gethostname(),
             agent_version=__version__, agent_url=f"http://{self.config.host}:{self.bound_port or self.config.port}",
+            memory_total_bytes=self.host_memory_bytes,
             sent_at=self.wall(), sequence=self.sequence, gpus=self.gpus, replicas=self.statuses(),
             events=events[-MAX_REPORT_EVENTS:])
 

@@ -133,6 +133,8 @@ class NodeReport(_Wire):
     hostname: str = Field(max_length=256)
     agent_version: str = Field(max_length=64)
     agent_url: str | None = Field(default=None, max_length=512)
+    # The host's memory: what a leaking engine's RSS runs out of (the leak detector projects against it).
+    memory_total_bytes: int | None = Field(default=None, ge=0)
     sent_at: datetime
     # Increases by one per report; lets the control plane drop duplicates and out-of-order retries.
     sequence: int = Field(ge=0)

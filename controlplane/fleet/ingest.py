@@ -68,6 +68,7 @@ def gpu_series_values(gpu: GpuSample) -> dict[str, float]:
 
 def _node_values(report: NodeReport, now: datetime) -> dict[str, Any]:
     return {"hostname": report.hostname, "agent_version": report.agent_version, "agent_url": report.agent_url,
+            "memory_total_bytes": report.memory_total_bytes,
             "last_report_at": now, "last_sent_at": report.sent_at, "last_sequence": report.sequence,
             "status": "up"}
 

@@ -29,6 +29,7 @@ class NodeOut(BaseModel):
     last_sequence: int
     reports_total: int
     cordoned: bool
+    memory_total_bytes: int | None = None
     gpu_count: int
     replica_count: int
 

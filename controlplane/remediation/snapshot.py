@@ -64,7 +64,8 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
                    model: str | None = None) -> FleetSnapshot:
     """The fleet at ``now`` with ``history`` of samples; ``model`` limits replicas to one model (no GPUs then)."""
     since = now - history
-    nodes = [Node(name=n.name, cordoned=n.cordoned, last_report_at=n.last_report_at)
+    nodes = [Node(name=n.name, cordoned=n.cordoned, memory_total_bytes=n.memory_total_bytes,
+                  last_report_at=n.last_report_at)
              for n in session.scalars(select(NodeRow).order_by(NodeRow.name))]
     replica_query = select(ReplicaRow).order_by(ReplicaRow.node, ReplicaRow.name)
     if model is not None:

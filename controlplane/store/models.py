@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -46,6 +46,8 @@ class Node(Base):
     reports_total: Mapped[int] = mapped_column(default=0)
     status: Mapped[str] = mapped_column(String(16), default="up")
     cordoned: Mapped[bool] = mapped_column(default=False)
+    # The host's memory as the agent reported it: the limit a leaking engine's RSS is projected against.
+    memory_total_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
 
 class Gpu(Base):

@@ -98,6 +98,8 @@ def test_agent_supervises_simulated_replicas_and_the_control_plane_sees_them(
     nodes = httpx.get(f"{api}/v1/nodes", headers=READ, timeout=3).json()
     nodes = nodes if isinstance(nodes, list) else nodes.get("nodes", [])
     assert [n["name"] for n in nodes] == ["it-node"]
+    # The agent reports its host's memory: the limit the leak detector projects an engine's RSS against.
+    assert nodes[0]["memory_total_bytes"] > 2**30
 
     # Traffic through one engine shows up as engine figures in the control plane.
     for _ in range(3):

@@ -82,6 +82,7 @@ class SimAgent:
     last_xid: int | None = None
     sequence: int = 0
     desired: DesiredState | None = None
+    memory_total: int | None = None  # the host's memory, as the real agent reports it
 
     def replica(self, name: str) -> SimReplica:
         return next(r for r in self.replicas if r.name == name)
@@ -93,6 +94,7 @@ class SimAgent:
                         xid_events_total=self.xid_total, last_xid=self.last_xid)
         body = NodeReport(protocol_version=PROTOCOL_VERSION, node=self.node, hostname=f"{self.node}.example",
                           agent_version="0.1.0", agent_url=None, sent_at=clock(), sequence=self.sequence,
+                          memory_total_bytes=self.memory_total,
                           gpus=[gpu], replicas=[r.status(step) for r in self.replicas], events=[])
         response = client.post(f"/v1/agents/{self.node}/report", json=body.model_dump(mode="json"))
         assert response.status_code == 200, response.text

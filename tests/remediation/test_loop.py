@@ -158,6 +158,27 @@ def test_a_steady_rss_leak_schedules_a_planned_restart(tmp_path: Path) -> None:
         assert agent.replica("r0").rss > 2 * GIB
 
 
+def test_the_default_leak_policy_projects_against_the_host_memory_the_agent_reports(tmp_path: Path) -> None:
+    # No policy file of our own: the shipped rss-leak policy, with the limit taken from the node's report.
+    agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")], memory_total=16 * GIB)
+    with fleet(tmp_path, [agent]) as f:
+        for _ in range(90):  # 15 minutes, +20 MiB a minute: 16 GiB is about 11 hours away
+            agent.replica("r0").rss += 20 * 1024**2 // 6
+            f.step(10)
+        [planned] = by_kind(f.actions(), "planned_restart")
+        assert planned["target"] == "replica:gpu-a/r0" and planned["policy"] == "rss-leak"
+        assert planned["evidence"][0]["measured"]["limit_bytes"] == 16 * GIB
+
+
+def test_the_default_leak_policy_stays_quiet_without_a_known_limit(tmp_path: Path) -> None:
+    agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])  # an agent that reports no host memory
+    with fleet(tmp_path, [agent]) as f:
+        for _ in range(90):
+            agent.replica("r0").rss += 20 * 1024**2 // 6
+            f.step(10)
+        assert by_kind(f.actions(), "planned_restart") == []
+
+
 def test_a_lone_replica_is_held_by_the_default_disruption_budget(tmp_path: Path) -> None:
     agent = SimAgent("gpu-a", [SimReplica("r0", ttft=0.8)])
     with fleet(tmp_path, [agent]) as f:
