@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.pitstop-installed
+RUN_STAMP := $(VENV)/.pitstop-runtime-installed
 
 .PHONY: demo test lint unit deps real-vllm clean help
 
@@ -13,11 +14,18 @@ help:
 	@echo "make unit   - only the fast tests (no real processes)"
 
 # Reinstall when the project's metadata changes; the editable install picks up code changes by itself.
+# The demo needs only the runtime extras (quicker on a fresh machine); the tests need the dev tools too.
+$(RUN_STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[agent,server]'
+	@touch $(RUN_STAMP)
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+	@touch $(STAMP) $(RUN_STAMP)
 
 deps: $(STAMP)
 	@bash scripts/ensure-debian-packages.sh
@@ -26,7 +34,7 @@ deps: $(STAMP)
 real-vllm:
 	@bash scripts/setup-real-vllm.sh
 
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(BIN)/pitstop demo
 
 lint: $(STAMP)
