@@ -1,0 +1,267 @@
+"""Fault to action: a stall, a TTFT SLO breach and a hot GPU in simulated replicas; Pitstop vs the stock pipeline.
+
+One real agent supervises three simulated engines, each its own model on its own GPU:
+``stalled`` wedges (``--fault-hang-after``: /health stays 200, no token moves) while client requests wait on
+it; ``slow`` runs ``--max-num-seqs 4`` and gets 48 concurrent streams at a known moment (TTFT p99 well over
+500 ms); ``hot``'s GPU heats past its slowdown threshold (``--fault-hot-gpu-after``). Fault times are exact:
+the simulator's timed faults count from the moment it listens, which the benchmark watches to 50 ms.
+
+Pitstop: the control plane's policy loop with the default policies, their ``for:`` cut to ``--policy-for``
+seconds (``policy_for_seconds`` in the output); measured from the fault to the action record's
+``created_at`` and to the agent acting (the replica leaving READY for the restart or the new flags).
+Baseline, side by side in the same run: Prometheus scraping the same agent every 15 s with the repo's rules
+unchanged (``alerts/pitstop-rules.yml``: EngineStalled ``for: 2m``, TTFTSLOBreach ``for: 1m``, GPUHot
+``for: 2m`` / GPUThrottled ``for: 1m``), Alertmanager with ``group_wait: 30s``, a webhook receiver;
+measured from the fault to the alert's delivery. ``--quick`` shortens the baseline too (labelled).
+
+    python bench/fault_to_action.py [--quick] [--runs 3] [--out bench/results/fault_to_action.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness.figures import fmt, host_note, median, ratio, table, write_json
+from bench.harness.fleet import Fleet, ListenWatch, Replica, wall
+from bench.harness.load import BackgroundLoad
+from bench.harness.policy_loop import StandInLoop, server_runs_policies
+from bench.harness.procs import Processes, wait_until
+from bench.harness.stock_alerting import (
+    WebhookReceiver,
+    rule_for,
+    rules_copy,
+    start_alertmanager,
+    start_prometheus,
+)
+from controlplane.policy.loader import DEFAULTS_DIR
+from enginesim.loadgen import LoadSpec
+
+HANG_AFTER = 20.0  # past start and warmup: a replica must be READY before it wedges
+HOT_AFTER = 25.0
+FAULTS = ("stall", "ttft", "hot")
+# Which policy acts and which stock alerts count, per fault.
+POLICY = {"stall": "stall", "ttft": "ttft-slo", "hot": "thermal"}
+ALERTS = {"stall": ("EngineStalled",), "ttft": ("TTFTSLOBreach",), "hot": ("GPUHot", "GPUThrottled")}
+REPLICA = {"stall": "stalled", "ttft": "slow", "hot": "hot"}
+LABELS = {"stall": {"replica": "b-stalled"}, "ttft": {"model": "b-ttft"}, "hot": {"gpu": "7"}}
+# Above the governor's floor (16), so lowering is possible; twice as many streams as slots queue at once.
+TTFT_SEQS = 24
+TTFT_STREAMS = 64
+TTFT_RATE = 30.0  # requests per second; 24 slots of 128-token requests serve fewer
+
+
+def policy_dir(dest: Path, for_seconds: float) -> Path:
+    """The default policies, scoped to the "p-" replicas; the measured ones' ``for:`` cut to ``for_seconds``.
+
+    The others keep their durations (thermal-sustained's 15-minute cordon would otherwise fence the whole
+    node, the baseline's twins included)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in sorted(DEFAULTS_DIR.glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        for policy in data if isinstance(data, list) else [data]:
+            if policy["name"] in POLICY.values() and "for" in policy.get("condition", {}):
+                policy["condition"]["for"] = f"{for_seconds:g}s"
+            policy["scope"] = {"models": ["p-*"]}  # the "b-" twins are the baseline's
+        (dest / path.name).write_text(yaml.safe_dump(data, sort_keys=False))
+    return dest
+
+
+class Poller:
+    """Watches the control plane's actions and the agent's replica states every 200 ms in a thread."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.actions: dict[int, dict[str, Any]] = {}
+        self.left_ready: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        client = httpx.Client(timeout=5)
+        while not self._stop.wait(0.2):
+            try:
+                for a in client.get(f"{self.fleet.cp}/v1/actions", params={"limit": "200"}).json():
+                    self.actions.setdefault(a["id"], a)
+                for r in client.get(f"{self.fleet.agent}/v1/replicas").json():
+                    if self.first_action(r["name"]) and r["state"] != "READY":
+                        self.left_ready.setdefault(r["name"], time.time())
+            except (httpx.HTTPError, ValueError):
+                continue
+        client.close()
+
+    def first_action(self, replica: str, policy: str | None = None) -> dict[str, Any] | None:
+        mine = [a for a in self.actions.values() if (a.get("replica") == replica or
+                f"/{replica}" in " ".join(a.get("replicas", [])) or a.get("target", "").endswith(replica))
+                and a.get("kind") != "alert" and (policy is None or a.get("policy") == policy)]
+        return min(mine, key=lambda a: a["id"]) if mine else None
+
+    def first_record(self, policy: str, target_contains: str) -> dict[str, Any] | None:
+        mine = [a for a in self.actions.values() if a.get("policy") == policy and target_contains in a["target"]]
+        return min(mine, key=lambda a: a["id"]) if mine else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    sim = ["--sim-startup-seconds", "1"]
+    # Each fault twice, at the same moments: a "p-" replica the policies cover and a "b-" twin they leave
+    # alone, so the stock pipeline still sees the fault Pitstop has already fixed on the other one.
+    replicas = []
+    # The TTFT model has two replicas: the governor's canary may take one of them out (budget: one READY).
+    for side, first_gpu in (("p", 0), ("b", 4)):
+        replicas += [
+            Replica(f"{side}-stalled", args=[*sim, "--fault-hang-after", f"{HANG_AFTER:g}"], gpu=first_gpu,
+                    model=f"{side}-stall"),
+            *(Replica(f"{side}-slow{i}", args=[*sim, "--max-num-seqs", str(TTFT_SEQS)], gpu=first_gpu + 1 + i,
+                      model=f"{side}-ttft") for i in range(2)),
+            Replica(f"{side}-hot", args=[*sim, "--fault-hot-gpu-after", f"{HOT_AFTER:g}"], gpu=first_gpu + 3,
+                    model=f"{side}-hot"),
+        ]
+    common = {"warmup": {"requests": 2, "settle_count": 0}, "drain_timeout": 3, "stop_timeout": 5,
+              "shutdown_timeout": 2}
+    for r in replicas:
+        r.extra = dict(common)
+    by_name = {r.name: r for r in replicas}
+    policies = policy_dir(tmp / "policies", args.policy_for)
+    server = {"policy_dir": str(policies), "policy_interval_seconds": 1.0}
+    with Processes(tmp / "logs") as procs, WebhookReceiver() as hook:
+        watch = ListenWatch({r.name: r.port for r in replicas})
+        fleet = Fleet.start(tmp, procs, replicas, server=server,
+                            agent={"canary_every": 2, "canary_timeout": 3, "scrape_interval": 1.0})
+        quick = args.quick
+        am = start_alertmanager(tmp, procs, hook.url, group_wait="5s" if quick else "30s")
+        rules = rules_copy(tmp / "rules.yml", for_seconds=10 if quick else None, interval="5s" if quick else None)
+        start_prometheus(tmp, procs, targets=[fleet.agent], alertmanager=am, rules=rules,
+                         scrape_interval="5s" if quick else "15s", evaluation_interval="5s" if quick else "15s")
+        wait_until(lambda: all(fleet.ready(r.name) for r in replicas), 90, what="every replica READY")
+        wait_until(lambda: len(watch.first) == len(replicas), 10, what="every engine listening")
+        fault_at = {("stall", side): watch.first[f"{side}-stalled"] + HANG_AFTER for side in "pb"}
+        fault_at |= {("hot", side): watch.first[f"{side}-hot"] + HOT_AFTER for side in "pb"}
+        poller = Poller(fleet)
+        loop = None if server_runs_policies() else StandInLoop(fleet.database_url, policies).__enter__()
+        # Requests that will wait on the wedged engines: a stall is work queued with no token moving.
+        loads = [BackgroundLoad(LoadSpec(urls=[f"http://127.0.0.1:{by_name[f'{side}-stalled'].port}"],
+                                         concurrency=4, duration=0, prompt_tokens=32, max_tokens=64,
+                                         model=f"{side}-stall", request_timeout=600)).start() for side in "pb"]
+        wait_until(lambda: time.time() > max(fault_at[("stall", s)] for s in "pb"), 60, what="the stalls")
+        # A surge: arrivals paced above what the replica serves, so the queue and TTFT grow without pause.
+        loads += [BackgroundLoad(LoadSpec(
+            urls=[f"http://127.0.0.1:{by_name[f'{side}-slow{i}'].port}" for i in range(2)],
+            concurrency=2 * TTFT_STREAMS, rate=2 * TTFT_RATE, duration=0, prompt_tokens=256, max_tokens=128,
+            model=f"{side}-ttft", request_timeout=120)) for side in "pb"]
+        for load in loads[2:]:
+            load.start()
+        fault_at |= {("ttft", side): time.time() for side in "pb"}
+        got: dict[str, dict[str, Any]] = {}
+        deadline = time.time() + args.timeout
+
+        def done() -> bool:
+            for fault in FAULTS:
+                if fault in got:
+                    continue
+                hits = [d for name in ALERTS[fault] if (d := hook.first(name, **LABELS[fault])) is not None]
+                if hits:
+                    got[fault] = {"alert": min(hits, key=lambda d: d.at).labels["alertname"],
+                                  "at": min(d.at for d in hits)}
+            return len(got) == len(FAULTS) or time.time() > deadline
+
+        wait_until(done, args.timeout + 30, what="the stock alerts", interval=0.5)
+        ended = time.time()
+        poller.stop()
+        if loop is not None:
+            loop.__exit__()
+        for load in loads:
+            load.stop()
+    out: dict[str, Any] = {"deliveries": sorted({d.labels.get("alertname", "") + " " + ",".join(
+        f"{k}={d.labels[k]}" for k in ("replica", "gpu", "model") if k in d.labels) for d in hook.deliveries})}
+    for fault in FAULTS:
+        names = [f"p-{REPLICA[fault]}"] if fault != "ttft" else ["p-slow0", "p-slow1"]
+        target = "bench-node/3" if fault == "hot" else "" if fault == "ttft" else names[0]
+        action = poller.first_record(POLICY[fault], target)
+        acted = min((poller.left_ready[n] for n in names if n in poller.left_ready), default=None)
+        base = got.get(fault)
+        out[fault] = {
+            "pitstop_action_s": wall(action["created_at"]) - fault_at[(fault, "p")] if action else None,
+            "pitstop_action": {k: action[k] for k in ("kind", "policy", "target", "state")} if action else None,
+            "pitstop_agent_acted_s": acted - fault_at[(fault, "p")] if acted else None,
+            "baseline_s": base["at"] - fault_at[(fault, "b")] if base else None,
+            # Not delivered by the end of the run: the baseline took at least this long.
+            "baseline_waited_s": None if base else ended - fault_at[(fault, "b")],
+            "baseline_alert": base["alert"] if base else None,
+        }
+    return out
+
+
+def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[list[str]]]:
+    """Medians per fault and the table rows. An alert never delivered counts as the time waited for it, and
+    makes the baseline's median (and the ratio) a lower bound, shown with ">=" and ``baseline_lower_bound``."""
+    medians, rows = {}, []
+    for fault in FAULTS:
+        m: dict[str, Any] = {k: median([r[fault][k] for r in runs if r[fault][k] is not None])
+                             for k in ("pitstop_action_s", "pitstop_agent_acted_s")}
+        waited = [r[fault]["baseline_s"] if r[fault]["baseline_s"] is not None else r[fault].get("baseline_waited_s")
+                  for r in runs]
+        m["baseline_s"] = median(waited)
+        m["baseline_lower_bound"] = any(r[fault]["baseline_s"] is None for r in runs)
+        m["ratio"] = ratio(m["baseline_s"], m["pitstop_action_s"])
+        medians[fault] = m
+        bound = ">=" if m["baseline_lower_bound"] else ""
+        rows.append([fault, fmt(m["pitstop_action_s"], " s"), fmt(m["pitstop_agent_acted_s"], " s"),
+                     bound + fmt(m["baseline_s"], " s"), bound + fmt(m["ratio"], "x"),
+                     "/".join(f"{a} for {rule_for(a)}" for a in ALERTS[fault])])
+    return medians, rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true",
+                   help="one run; baseline shortened (scrape 5 s, for: 10 s, group_wait 5 s), labelled so")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--policy-for", type=float, default=5.0, help="seconds each policy condition must hold")
+    p.add_argument("--timeout", type=float, default=300.0, help="longest wait for the stock alerts")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fault_to_action.json")
+    args = p.parse_args()
+    if args.quick:
+        args.runs, args.timeout = 1, 90.0
+    runs = []
+    for i in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="bench-f2a-") as tmp:
+            r = one_run(Path(tmp), args)
+        runs.append(r)
+        print(f"run {i + 1}: delivered {r['deliveries']}")
+        print(f"run {i + 1}: " + "; ".join(
+            f"{f}: pitstop {fmt(r[f]['pitstop_action_s'], ' s')} (agent {fmt(r[f]['pitstop_agent_acted_s'], ' s')}),"
+            f" baseline {fmt(r[f]['baseline_s'], ' s')} {r[f]['baseline_alert'] or ''}" for f in FAULTS), flush=True)
+    medians, rows = summarize(runs)
+    baseline_note = ("SHORTENED baseline (scrape 5 s, rule for: 10 s, group_wait 5 s)" if args.quick
+                     else "stock baseline (scrape 15 s, repo rules unchanged, group_wait 30 s)")
+    loop = "control plane's policy job" if server_runs_policies() else "stand-in policy loop (bench/harness)"
+    print(f"\nfault to action, medians of {args.runs} run(s); {loop}, policies with for: {args.policy_for:g} s; "
+          f"{baseline_note}; {host_note()}")
+    print(table(["fault", "pitstop action", "agent acted", "baseline webhook", "baseline/pitstop", "stock rule"],
+                rows))
+    write_json(args.out, "fault_to_action", {
+        "settings": {"runs": args.runs, "policy_for_seconds": args.policy_for, "baseline": baseline_note,
+                     "policy_loop": "control plane's job" if server_runs_policies() else "stand-in (bench.harness)",
+                     "hang_after_s": HANG_AFTER, "hot_after_s": HOT_AFTER},
+        "medians": medians, "runs": runs})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""A real HAProxy in front of simulated replicas, health-checking the agent's per-replica readiness endpoint.
+
+Server names are replica names, so one ``http-check`` line serves every replica:
+``GET /v1/replicas/<name>/ready`` on the agent answers 200 only while the replica is READY. ``servers_up``
+reads the runtime view through the admin socket (``show stat``), which is what HAProxy routes by.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+from bench.harness.procs import Processes, free_port, wait_until
+
+HAPROXY = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
+CHECK_INTER_MS = 500
+CHECK_FALL = 1
+CHECK_RISE = 2
+
+
+def config_text(*, port: int, socket_path: Path, agent_port: int, engines: dict[str, int]) -> str:
+    servers = "\n".join(f"  server {name} 127.0.0.1:{engine_port} check addr 127.0.0.1 port {agent_port}"
+                        for name, engine_port in engines.items())
+    return f"""global
+  stats socket {socket_path} mode 600 level admin
+  maxconn 4096
+
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 120s
+  timeout server 120s
+  retries 3
+  option redispatch
+
+frontend api
+  bind 127.0.0.1:{port}
+  default_backend engines
+
+backend engines
+  balance leastconn
+  option httpchk
+  http-check send meth GET uri-lf /v1/replicas/%[srv_name]/ready
+  http-check expect status 200
+  default-server inter {CHECK_INTER_MS}ms fall {CHECK_FALL} rise {CHECK_RISE}
+{servers}
+"""
+
+
+class HAProxy:
+    """One HAProxy process (foreground, own process group) and its admin socket."""
+
+    def __init__(self, tmp: Path, processes: Processes, *, agent_port: int, engines: dict[str, int]) -> None:
+        if HAPROXY is None:
+            raise RuntimeError("needs Debian's haproxy")
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.socket_path = tmp / "haproxy.sock"
+        self.names = list(engines)
+        config = tmp / "haproxy.cfg"
+        config.write_text(config_text(port=self.port, socket_path=self.socket_path, agent_port=agent_port,
+                                      engines=engines))
+        processes.start_argv("haproxy", [HAPROXY, "-f", str(config), "-db"])
+        wait_until(self.socket_path.exists, 20, what="HAProxy's admin socket")
+
+    def command(self, line: str) -> str:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(str(self.socket_path))
+            s.sendall(line.encode() + b"\n")
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode()
+
+    def servers_up(self) -> int:
+        """How many of the replicas' servers HAProxy counts UP now (the ones it routes new requests to)."""
+        lines = self.command("show stat").splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        sv, status = header.index("svname"), header.index("status")
+        rows = [line.split(",") for line in lines[1:] if line and not line.startswith("#")]
+        return sum(1 for r in rows if len(r) > status and r[sv] in self.names and r[status].startswith("UP"))
+
+
+class UpSampler:
+    """Samples ``servers_up`` every ``interval`` seconds in a thread; keeps the minimum and the series."""
+
+    def __init__(self, haproxy: HAProxy, interval: float = 0.1) -> None:
+        self.haproxy = haproxy
+        self.interval = interval
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            # A sample missed while HAProxy is busy is not a server down.
+            with contextlib.suppress(OSError):
+                self.samples.append((time.time(), self.haproxy.servers_up()))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> UpSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    @property
+    def minimum(self) -> int | None:
+        return min((n for _, n in self.samples), default=None)

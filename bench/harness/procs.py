@@ -1,0 +1,72 @@
+"""Real processes for benchmarks: each in its own process group, always stopped, logs kept in one folder."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from pitstop.demo import Child
+
+PITSTOP = [sys.executable, "-m", "pitstop.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        return httpx.get(url, timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, *, what: str, interval: float = 0.2) -> float:
+    """Poll ``pred`` until it holds; returns the monotonic time it first held, raises TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if pred():
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Processes:
+    """Starts children (Pitstop's or any binary) in their own groups; stops every one on exit, newest first."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.children: list[Child] = []
+
+    def start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> Child:
+        return self.start_argv(name, [*PITSTOP, *argv], env=env)
+
+    def start_argv(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+        child = Child(name, argv, self.logs / f"{name}.log", env=env or {})
+        child.start()
+        self.children.append(child)
+        return child
+
+    def log(self, name: str) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop_all(self) -> None:
+        while self.children:
+            self.children.pop().stop(grace=20)
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop_all()

@@ -1,0 +1,146 @@
+"""The stock alerting pipeline: real Prometheus evaluating the repo's rules, real Alertmanager, a webhook.
+
+This is the baseline the remediation benchmarks compare against, and what the observability tests run:
+Prometheus scrapes the agent's /metrics, evaluates ``alerts/pitstop-rules.yml`` and sends firing alerts to
+Alertmanager, which groups them (``group_wait``) and posts them (webhook version 4) to a receiver that
+stamps each alert with its arrival time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from bench.harness.procs import Processes, free_port, http_ok, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "alerts" / "pitstop-rules.yml"
+PROMETHEUS = shutil.which("prometheus")
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One alert as Alertmanager delivered it, with the receiver's wall-clock arrival time."""
+
+    at: float
+    status: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+
+class WebhookReceiver:
+    """Alertmanager webhook (version 4) posts on a loopback port, each alert kept with its arrival time."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[Delivery] = []
+        received = self.deliveries
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                at = time.time()
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                with lock:
+                    received.extend(Delivery(at, a.get("status", ""), a.get("labels", {}), a.get("annotations", {}))
+                                    for a in body.get("alerts", []))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> WebhookReceiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def first(self, alertname: str, **labels: str) -> Delivery | None:
+        """The earliest firing delivery of ``alertname`` whose labels include ``labels``."""
+        for d in list(self.deliveries):
+            if d.status == "firing" and d.labels.get("alertname") == alertname and all(
+                    d.labels.get(k) == v for k, v in labels.items()):
+                return d
+        return None
+
+
+def rules_copy(dest: Path, *, for_seconds: int | None = None, interval: str | None = None) -> Path:
+    """The product rules, unchanged by default; ``for_seconds``/``interval`` shorten them (labelled so)."""
+    data = yaml.safe_load(RULES.read_text())
+    for group in data["groups"]:
+        if interval is not None:
+            group["interval"] = interval
+        for rule in group["rules"]:
+            if "alert" in rule and for_seconds is not None:
+                rule["for"] = f"{for_seconds}s"
+    dest.write_text(yaml.safe_dump(data, sort_keys=False))
+    return dest
+
+
+def rule_for(alertname: str) -> str:
+    """The ``for:`` of one alert in the product rules (as written there)."""
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            if rule.get("alert") == alertname:
+                return str(rule.get("for", "0s"))
+    raise KeyError(alertname)
+
+
+def start_alertmanager(tmp: Path, processes: Processes, webhook_url: str, *, group_wait: str = "30s",
+                       group_interval: str = "5m") -> str:
+    if ALERTMANAGER is None:
+        raise RuntimeError("needs Debian's prometheus-alertmanager")
+    port = free_port()
+    config = tmp / "alertmanager.yml"
+    config.write_text(yaml.safe_dump({
+        "route": {"receiver": "pitstop", "group_by": ["alertname", "node", "replica", "gpu", "model"],
+                  "group_wait": group_wait, "group_interval": group_interval, "repeat_interval": "4h"},
+        "receivers": [{"name": "pitstop", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
+    }))
+    processes.start_argv("alertmanager", [
+        ALERTMANAGER, f"--config.file={config}", f"--storage.path={tmp / 'am-data'}",
+        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+    ])
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: http_ok(f"{url}/-/ready"), 60, what="Alertmanager ready")
+    return url
+
+
+def start_prometheus(tmp: Path, processes: Processes, *, targets: list[str], alertmanager: str, rules: Path,
+                     scrape_interval: str = "15s", evaluation_interval: str = "15s") -> str:
+    if PROMETHEUS is None:
+        raise RuntimeError("needs Debian's prometheus")
+    port = free_port()
+    config = tmp / "prometheus.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval,
+                   "scrape_timeout": "5s" if scrape_interval != "1s" else "1s"},
+        "rule_files": [str(rules)],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager.removeprefix("http://")]}]}]},
+        "scrape_configs": [{"job_name": "pitstop-agent",
+                            "static_configs": [{"targets": [t.removeprefix("http://") for t in targets]}]}],
+    }))
+    processes.start_argv("prometheus", [
+        PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'prom-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ])
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: http_ok(f"{url}/-/ready"), 60, what="Prometheus ready")
+    return url

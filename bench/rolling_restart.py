@@ -1,0 +1,122 @@
+"""Zero-drop rolling restart: three simulated replicas behind a real HAProxy, steady streaming load.
+
+HAProxy health-checks the agent's ``/v1/replicas/<name>/ready`` per replica (inter 500 ms, fall 1, rise 2).
+The rolling restart is an operator's: one ``restart`` action per replica through the control plane's API
+(``POST /v1/replicas/{node}/{name}/actions``), the next one posted once the executor has reported the previous
+one succeeded (READY at the new generation) and HAProxy has had ``--settle`` seconds to see it back.
+
+Pitstop: the agent drains first (readiness off, ``drain_grace`` for HAProxy to notice, in-flight work
+finishes, then SIGTERM with ``--shutdown-timeout``). Baseline, in the same run: the same restarts with drain
+disabled (no grace, no drain wait, ``--shutdown-timeout 0``), as a restart that just stops the engine.
+Counted: failed requests (HTTP errors, broken streams) during the load that spans the restarts, and the
+fewest servers HAProxy counted UP (sampled every 100 ms through its admin socket).
+
+    python bench/rolling_restart.py [--quick] [--runs 3] [--out bench/results/rolling_restart.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness.figures import fmt, host_note, median, table, write_json
+from bench.harness.fleet import Fleet, Replica
+from bench.harness.haproxy import CHECK_FALL, CHECK_INTER_MS, CHECK_RISE, HAProxy, UpSampler
+from bench.harness.load import BackgroundLoad
+from bench.harness.procs import Processes, wait_until
+from enginesim.loadgen import LoadSpec
+
+NAMES = ("r0", "r1", "r2")
+# HAProxy needs fall x inter to see readiness go off; the grace adds one more check interval of margin.
+DRAIN_GRACE = CHECK_FALL * CHECK_INTER_MS / 1000.0 + 1.0
+MODES: dict[str, dict[str, Any]] = {
+    "pitstop (drain)": {"drain_grace": DRAIN_GRACE, "drain_timeout": 30, "shutdown_timeout": 10,
+                        "stop_timeout": 15},
+    "baseline (no drain)": {"drain_grace": 0, "drain_timeout": 0, "shutdown_timeout": 0, "stop_timeout": 15},
+}
+
+
+def one_run(tmp: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    replicas = [Replica(name, args=["--sim-startup-seconds", "1", "--max-num-seqs", "64"], gpu=i,
+                        extra={**MODES[mode], "warmup": {"requests": 2, "settle_count": 0}})
+                for i, name in enumerate(NAMES)]
+    with Processes(tmp / "logs") as procs:
+        fleet = Fleet.start(tmp, procs, replicas, agent={"backoff": {"base": 1, "cap": 2}})
+        fleet.wait_all_ready()
+        proxy = HAProxy(tmp / "haproxy", procs, agent_port=int(fleet.agent.rsplit(":", 1)[1]),
+                        engines={r.name: r.port for r in replicas})
+        wait_until(lambda: proxy.servers_up() == len(NAMES), 30, what="HAProxy sees every replica UP")
+        spec = LoadSpec(urls=[proxy.url], concurrency=args.concurrency, duration=0, prompt_tokens=64,
+                        max_tokens=args.max_tokens, model="bench-model", request_timeout=30)
+        with UpSampler(proxy) as ups:
+            load = BackgroundLoad(spec).start()
+            time.sleep(args.lead)
+            started = time.time()
+            outcomes = []
+            for name in NAMES:
+                action = fleet.act(name, "restart")
+                outcomes.append(fleet.wait_action(action["id"], timeout=120)["state"])
+                time.sleep(args.settle)
+            restart_s = time.time() - started
+            time.sleep(args.lead)
+            summary = load.stop()
+        during = [n for at, n in ups.samples if started <= at <= started + restart_s]
+    total = summary["requests_ok"] + summary["requests_failed"]
+    return {"mode": mode, "requests": total, "failed": summary["requests_failed"], "ok": summary["requests_ok"],
+            "cut_off_at_end": summary["requests_cut_off"], "errors": summary["errors"],
+            "min_up": min(during, default=None), "restart_seconds": round(restart_s, 1),
+            "actions": outcomes, "tokens_per_s": summary["tokens_per_s"]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="one run, shorter lead-in (about 2 minutes)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=12)
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--lead", type=float, default=5.0, help="load before the first and after the last restart")
+    p.add_argument("--settle", type=float, default=CHECK_RISE * CHECK_INTER_MS / 1000.0 + 1.0,
+                   help="pause after a replica is READY before the next restart (HAProxy needs rise x inter)")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "rolling_restart.json")
+    args = p.parse_args()
+    if args.quick:
+        args.runs, args.lead = 1, 3.0
+    runs: list[dict[str, Any]] = []
+    for i in range(args.runs):
+        for mode in MODES:
+            with tempfile.TemporaryDirectory(prefix="bench-rr-") as tmp:
+                r = one_run(Path(tmp), mode, args)
+            runs.append(r)
+            print(f"run {i + 1} {mode}: {r['failed']} failed of {r['requests']}, fewest UP {r['min_up']}, "
+                  f"restarts {r['restart_seconds']} s, actions {r['actions']}, errors {r['errors']}", flush=True)
+    rows, medians = [], {}
+    for mode in MODES:
+        mine = [r for r in runs if r["mode"] == mode]
+        m = {k: median([float(r[k]) for r in mine if r[k] is not None])
+             for k in ("requests", "failed", "min_up", "restart_seconds")}
+        m["worst_failed"] = max(r["failed"] for r in mine)
+        m["worst_min_up"] = min((r["min_up"] for r in mine if r["min_up"] is not None), default=None)
+        medians[mode] = m
+        rows.append([mode, fmt(m["requests"], digits=0), fmt(m["failed"], digits=0), str(m["worst_failed"]),
+                     fmt(m["min_up"], digits=0), str(m["worst_min_up"]), fmt(m["restart_seconds"], " s")])
+    print(f"\nrolling restart of 3 replicas behind HAProxy, {args.concurrency} streams x {args.max_tokens} tokens, "
+          f"medians of {args.runs} run(s); {host_note()}")
+    print(table(["mode", "requests", "failed", "worst failed", "fewest UP", "worst fewest UP", "restart"], rows))
+    write_json(args.out, "rolling_restart", {
+        "settings": {"runs": args.runs, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+                     "drain_grace_s": DRAIN_GRACE, "settle_s": args.settle,
+                     "haproxy_check": f"inter {CHECK_INTER_MS}ms fall {CHECK_FALL} rise {CHECK_RISE}",
+                     "modes": MODES},
+        "medians": medians, "runs": runs})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

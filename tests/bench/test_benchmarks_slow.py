@@ -1,0 +1,85 @@
+"""Each benchmark of issue 5 in its ``--quick`` mode, end to end: real processes, a JSON result, the figures."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def run_quick(script: str, out: Path, *extra: str, timeout: float = 400) -> dict[str, Any]:
+    """Run ``bench/<script> --quick`` and return its JSON document; a failure shows the script's output."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", "--out", str(out), *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc: dict[str, Any] = json.loads(out.read_text())
+    assert "share this host" in doc["note"]  # the output says the load generator competes with the subject
+    return doc
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.skipif(shutil.which("haproxy") is None and not Path("/usr/sbin/haproxy").exists(),
+                    reason="needs Debian's haproxy")
+def test_rolling_restart_drops_nothing_with_drain_and_drops_without(tmp_path: Path) -> None:
+    doc = run_quick("rolling_restart.py", tmp_path / "rr.json")
+    pitstop, baseline = doc["medians"]["pitstop (drain)"], doc["medians"]["baseline (no drain)"]
+    assert pitstop["requests"] >= 500
+    assert pitstop["failed"] == 0, doc["runs"]
+    assert pitstop["min_up"] >= 2, doc["runs"]
+    # The baseline really is a restart without drain: in-flight streams break.
+    assert baseline["failed"] > 0, doc["runs"]
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus and alertmanager")
+def test_fault_to_action_pitstop_acts_before_the_stock_pipeline_alerts(tmp_path: Path) -> None:
+    doc = run_quick("fault_to_action.py", tmp_path / "f2a.json")
+    assert "SHORTENED" in doc["settings"]["baseline"]  # a quick baseline is labelled as not the stock one
+    for fault in ("stall", "ttft", "hot"):
+        m = doc["medians"][fault]
+        assert m["pitstop_action_s"] is not None and m["baseline_s"] is not None, (fault, doc["runs"])
+        assert 0 < m["pitstop_action_s"] < m["baseline_s"], (fault, m)
+    # The wedged replica is restarted, not only reported.
+    assert doc["runs"][0]["stall"]["pitstop_action"]["kind"] == "restart"
+    assert doc["medians"]["stall"]["pitstop_agent_acted_s"] is not None
+
+
+@pytest.mark.timeout(300)
+def test_leak_is_caught_before_exhaustion_and_flat_memory_never_is(tmp_path: Path) -> None:
+    doc = run_quick("leak.py", tmp_path / "leak.json")
+    assert 10 < doc["real"]["leak_mib_per_min"] < 25  # the real process leaks about 20 MB/min
+    assert abs(doc["real"]["steady_mib_per_min"]) < 2
+    run = doc["detection_runs"][0]
+    assert run["detected_after_s"] is not None and run["detected_after_s"] <= 11 * 60
+    assert run["action"]["kind"] == "planned_restart"
+    assert run["restart_due_by_s"] < run["exhaustion_after_s"]
+    loop = doc["real_loop"]
+    if loop["loop"]:  # a control plane with its policy job: the real leaking replica is restarted in time
+        assert loop.get("action") == "planned_restart", loop
+        assert loop.get("restarted_after_s") is not None, loop
+        assert loop["restarted_after_s"] < loop["exhaustion_after_s"]
+    assert doc["false_positives"]["false_positives"] == 0
+    assert doc["false_positives"]["evaluations"] > 200
+
+
+@pytest.mark.timeout(300)
+def test_governor_sweep_covers_the_shipped_ladder_and_finds_the_breach(tmp_path: Path) -> None:
+    doc = run_quick("governor.py", tmp_path / "gov.json")
+    ladder = doc["settings"]["ladder"]
+    assert ladder[0] == 256 and ladder[-1] == 16
+    for load in doc["loads"]:
+        assert [r["max_num_seqs"] for r in load["rows"]] == ladder
+    # 256 streams on the default memory share: 256 sequences miss TTFT p99 <= 500 ms (queueing, prefill).
+    big = next(x for x in doc["loads"] if x["gpu_memory_utilization"] == 0.9 and x["streams"] == 256)
+    assert big["top_misses_slo"]
+    # Fewer sequences, faster steps: inter-token latency falls down the ladder.
+    assert big["rows"][-1]["itl_p99_s"] < big["rows"][0]["itl_p99_s"]
