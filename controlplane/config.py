@@ -57,6 +57,9 @@ class ServerConfig(BaseModel):
     # The leader evaluates the policies this often, and also this long after a report (debounced).
     policy_interval_seconds: float = Field(default=5.0, gt=0)
     policy_debounce_seconds: float = Field(default=1.0, ge=0)
+    # A policy round over a large fleet is heavy (building the snapshot dominates): after a round slower than
+    # half a second, the next waits so rounds take at most this share of the time and reports keep flowing.
+    policy_max_duty: float = Field(default=0.25, gt=0, le=1)
     # How much sample history a policy pass reads.
     policy_history_seconds: float = Field(default=900.0, gt=0)
     # Fleet-wide guardrails (budgets, rate limit, breaker): ``controlplane.policy.guardrails.GuardConfig``.

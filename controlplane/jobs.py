@@ -5,13 +5,15 @@ checks leadership first, so followers serve the API and nothing else. Each job d
 errors are logged with the job's name and the next round retries (APScheduler keeps the timing).
 
 The policy round runs every ``policy_interval_seconds`` and also ``policy_debounce_seconds`` after a report
-(``poke``): a burst of reports within the debounce makes one round, not one per report.
+(``poke``): a burst of reports within the debounce makes one round, not one per report. A slow round (a
+large fleet) delays the next one so rounds use at most ``policy_max_duty`` of the time: reports come first.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -29,6 +31,8 @@ from controlplane.retention import RetentionLoop
 from controlplane.store.db import session_scope
 
 log = logging.getLogger(__name__)
+# Rounds quicker than this never delay the next one (small fleets, tests); slower ones obey policy_max_duty.
+SLOW_ROUND_SECONDS = 0.5
 # Where the policy-evaluation job plugs in: called by the leader with a session and the time.
 PolicyHook = Callable[[Session, datetime], None]
 
@@ -57,6 +61,8 @@ class Jobs:
         self.guard_config = GuardConfig.model_validate(config.guardrails)
         self.rollout = rollout_settings(config)
         self._evaluating = threading.Lock()
+        self._monotonic = time.monotonic
+        self._next_round_at = 0.0
         self._poke_lock = threading.Lock()
         self.last_round: RoundResult | None = None
 
@@ -82,8 +88,11 @@ class Jobs:
 
     def evaluate(self) -> RoundResult | None:
         """One policy round (skipped when one is already running), then apply what it approved at once."""
-        if not self._leadership.is_leader or not self._evaluating.acquire(blocking=False):
+        if not self._leadership.is_leader or self._monotonic() < self._next_round_at:
             return None
+        if not self._evaluating.acquire(blocking=False):
+            return None
+        started = self._monotonic()
         try:
             result = None
             if self._config.policies_enabled:
@@ -104,7 +113,15 @@ class Jobs:
                     self._policy_hook(session, self._clock())
             return result
         finally:
+            self._next_round_at = self._round_pause(started, self._monotonic())
             self._evaluating.release()
+
+    def _round_pause(self, started: float, ended: float) -> float:
+        """When the next round may start: at once after a quick round, later after a slow one (duty cap)."""
+        took = ended - started
+        if took < SLOW_ROUND_SECONDS:
+            return ended
+        return ended + took * (1.0 / self._config.policy_max_duty - 1.0)
 
     def poke(self) -> None:
         """A report arrived: evaluate soon (once per debounce interval however many reports arrive)."""
