@@ -16,6 +16,7 @@ from controlplane.api.telemetry import Telemetry
 from controlplane.config import ServerConfig
 from controlplane.leader import Leadership
 from controlplane.security.roles import Principal, Role
+from controlplane.store.db import session_scope
 
 Clock = Callable[[], datetime]
 
@@ -49,15 +50,8 @@ def get_context(request: Request) -> AppContext:
 
 def get_session(request: Request) -> Iterator[Session]:
     """One session per request, committed when the handler returns normally."""
-    session = get_context(request).sessions()
-    try:
+    with session_scope(get_context(request).sessions) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 def client_address(request: Request) -> str | None:
