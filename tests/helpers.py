@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -31,3 +33,34 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
         return httpx.get(url, timeout=timeout).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+class SteadyTraffic:
+    """A short completion to one engine every ``every`` seconds, each in its own thread, until stopped.
+
+    On a healthy engine the requests finish; on a wedged one they stay queued, which is what a stall looks like
+    from outside. A request that fails or times out is dropped: the traffic is there to be observed, not checked.
+    """
+
+    def __init__(self, port: int, *, every: float, timeout: float) -> None:
+        self.url = f"http://127.0.0.1:{port}/v1/completions"
+        self.every = every
+        self.timeout = timeout
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _one(self) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(self.url, json={"model": "tiny", "prompt": "hello", "max_tokens": 16}, timeout=self.timeout)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every):
+            threading.Thread(target=self._one, daemon=True).start()
+
+    def __enter__(self) -> SteadyTraffic:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)

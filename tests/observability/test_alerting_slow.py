@@ -8,8 +8,6 @@ loaded with every ``for:`` cut to 3 s (``shortened_rules``); the product duratio
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers import free_port, http_ok, wait_until
+from tests.helpers import SteadyTraffic, free_port, http_ok, wait_until
 from tests.observability.conftest import StackProcesses
 from tests.observability.rules import (
     DASHBOARDS,
@@ -80,35 +78,6 @@ def _ready(agent: str, name: str) -> bool:
         return False
 
 
-class Traffic:
-    """Steady client traffic to one engine: a request a second, each in its own thread, until stopped.
-
-    Before the wedge the requests finish; after it they stay queued, which is what a stall looks like.
-    """
-
-    def __init__(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}/v1/completions"
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _one(self) -> None:
-        # A wedged engine never answers; the engine is stopped under the request at teardown.
-        with contextlib.suppress(httpx.HTTPError):
-            httpx.post(self.url, json={"model": "tiny", "prompt": "hello", "max_tokens": 16}, timeout=20)
-
-    def _run(self) -> None:
-        while not self.stop.wait(1.0):
-            threading.Thread(target=self._one, daemon=True).start()
-
-    def __enter__(self) -> Traffic:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
-
-
 def _received(receiver: WebhookReceiver, alertname: str, **labels: str) -> dict[str, Any] | None:
     for alert in receiver.alerts():
         got = alert["labels"]
@@ -128,7 +97,7 @@ def test_faults_fire_alerts_that_reach_the_webhook_with_runbooks(tmp_path: Path,
                    what="Prometheus scraping the agent")
 
         # The engine wedges 8 s after it started; from then on the requests queue and no token moves.
-        with Traffic(hung_port):
+        with SteadyTraffic(hung_port, every=1.0, timeout=20):
             _alerts_arrive(receiver, prom)
         _dashboards_and_rules_query_cleanly(prom)
         _live_agent_declares_every_agent_series_used(agent)

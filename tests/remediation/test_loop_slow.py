@@ -7,8 +7,6 @@ the agent, and record the restart as succeeded once the replica is READY at its 
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,38 +14,13 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers import free_port, http_ok, wait_until
+from tests.helpers import SteadyTraffic, free_port, http_ok, wait_until
 from tests.integration.conftest import Processes
 
 pytestmark = pytest.mark.slow
 
 STALL = {"name": "stall", "condition": {"detector": "stall", "for": "4s"}, "action": {"kind": "restart"},
          "guardrails": {"cooldown": "10m"}}
-
-
-class Traffic:
-    """A request every half second to one engine, each in its own thread: on a wedged engine they queue."""
-
-    def __init__(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}/v1/completions"
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _one(self) -> None:
-        with contextlib.suppress(httpx.HTTPError):
-            httpx.post(self.url, json={"model": "tiny", "prompt": "hello", "max_tokens": 16}, timeout=15)
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.5):
-            threading.Thread(target=self._one, daemon=True).start()
-
-    def __enter__(self) -> Traffic:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
 
 
 def _start(tmp: Path, processes: Processes) -> tuple[str, str, int]:
@@ -91,7 +64,7 @@ def test_a_wedged_engine_is_restarted_by_the_loop_and_ready_again(tmp_path: Path
     try:
         cp, agent, port = _start(tmp_path, processes)
         wait_until(lambda: http_ok(f"{agent}/v1/replicas/wedged/ready"), 60, what="the replica READY")
-        with Traffic(port):
+        with SteadyTraffic(port, every=0.5, timeout=15):
             wait_until(lambda: _restarts(cp) != [], 60, what="the stall detected and a restart recorded")
         wait_until(lambda: _restarts(cp)[-1]["state"] in ("succeeded", "failed"), 60,
                    what="the restart's outcome")
