@@ -24,6 +24,7 @@ from controlplane.config import ServerConfig
 from controlplane.leader import Leadership
 from controlplane.policy.guardrails import GuardConfig
 from controlplane.remediation.executor import apply_approved, reconcile
+from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.loop import RoundResult, run_round
 from controlplane.remediation.policyset import PolicySet
 from controlplane.remediation.rollout import RolloutSettings
@@ -48,13 +49,14 @@ def rollout_settings(config: ServerConfig) -> RolloutSettings:
 class Jobs:
     def __init__(self, *, sessions: sessionmaker[Session], leadership: Leadership, config: ServerConfig,
                  clock: Callable[[], datetime], on_leadership: Callable[[bool], None] = lambda _: None,
-                 policy_hook: PolicyHook | None = None) -> None:
+                 policy_hook: PolicyHook | None = None, on_round: Callable[[float], None] = lambda _: None) -> None:
         self._sessions = sessions
         self._leadership = leadership
         self._config = config
         self._clock = clock
         self._on_leadership = on_leadership
         self._policy_hook = policy_hook
+        self._on_round = on_round
         self._retention = RetentionLoop(sessions, clock=clock, config=config)
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self.policies = PolicySet.from_config(config)
@@ -65,9 +67,14 @@ class Jobs:
         self._next_round_at = 0.0
         self._poke_lock = threading.Lock()
         self.last_round: RoundResult | None = None
+        # The leader's in-memory sample history; a follower keeps none (it is cleared on losing the lead).
+        self.samples = SampleHistory(timedelta(seconds=config.policy_history_seconds))
+        self._forget_samples = False
 
     def elect(self) -> bool:
         leader = self._leadership.tick()
+        if not leader:
+            self._forget_samples = True  # cleared by the next round, which holds the round lock
         self._on_leadership(leader)
         return leader
 
@@ -95,13 +102,18 @@ class Jobs:
         started = self._monotonic()
         try:
             result = None
+            if self._forget_samples:
+                # Another replica led in between: what it stored while we followed is read afresh.
+                self.samples.clear()
+                self._forget_samples = False
             if self._config.policies_enabled:
                 now = self._clock()
                 self.policies.refresh(now)
                 with session_scope(self._sessions) as session:
                     result = run_round(session=session, now=now, policies=self.policies.policies,
                                        guard_config=self.guard_config,
-                                       history=timedelta(seconds=self._config.policy_history_seconds))
+                                       history=timedelta(seconds=self._config.policy_history_seconds),
+                                       samples=self.samples)
                 self.last_round = result
                 if result.recorded:
                     log.info("policy round: %d proposed, recorded %s", result.proposed, result.recorded)
@@ -113,7 +125,9 @@ class Jobs:
                     self._policy_hook(session, self._clock())
             return result
         finally:
-            self._next_round_at = self._round_pause(started, self._monotonic())
+            ended = self._monotonic()
+            self._on_round(ended - started)
+            self._next_round_at = self._round_pause(started, ended)
             self._evaluating.release()
 
     def _round_pause(self, started: float, ended: float) -> float:

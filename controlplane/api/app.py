@@ -45,7 +45,8 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
         report_writer=threading.Lock() if engine.dialect.name == "sqlite" else nullcontext(),
     )
     jobs = Jobs(sessions=sessions, leadership=ctx.leadership, config=config, clock=clock,
-                on_leadership=lambda leads: ctx.telemetry.leader.set(1 if leads else 0), policy_hook=policy_hook)
+                on_leadership=lambda leads: ctx.telemetry.leader.set(1 if leads else 0), policy_hook=policy_hook,
+                on_round=ctx.telemetry.policy_round_seconds.observe)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -41,6 +41,11 @@ class Telemetry:
             "pitstop_cp_actions", "Actions in the store by kind and state (outcome), updated on each scrape.",
             ["kind", "state"], registry=self.registry,
         )
+        self.policy_round_seconds = Histogram(
+            "pitstop_cp_policy_round_seconds", "Duration of one policy round on the leader (snapshot, evaluation, "
+            "guardrails, records).", registry=self.registry,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+        )
         for reason in REJECT_REASONS:
             self.reports_rejected.labels(reason=reason)
 

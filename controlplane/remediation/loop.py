@@ -22,6 +22,7 @@ from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction
 from controlplane.remediation import breaker
 from controlplane.remediation.alerting import raise_alert
+from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.planning import plan_restart, restart_deadline
 from controlplane.remediation.records import guard_state, record_decision
 from controlplane.remediation.rollout import GOVERNED
@@ -113,10 +114,11 @@ def _trip(session: Session, reason: str, now: datetime) -> None:
 
 
 def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_config: GuardConfig,
-              history: timedelta) -> RoundResult:
-    """Evaluate every policy against the stored fleet and record the guarded decisions."""
+              history: timedelta, samples: SampleHistory | None = None) -> RoundResult:
+    """Evaluate every policy against the stored fleet and record the guarded decisions (``samples``: the
+    leader's history cache, read incrementally)."""
     result = RoundResult()
-    snapshot = build_snapshot(session=session, now=now, history=history)
+    snapshot = build_snapshot(session=session, now=now, history=history, samples=samples)
     proposed = evaluate(policies, snapshot, now)
     result.proposed = len(proposed)
     if not proposed:

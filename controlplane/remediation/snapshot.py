@@ -1,7 +1,8 @@
 """``build_snapshot``: the policy engine's ``FleetSnapshot`` read from the store in a few bulk queries.
 
-Latest state comes from the nodes, gpus and replicas tables; histories from the samples table over
-``history`` (one query per subject kind, grouped in Python: per-replica queries would be 8,000 round trips).
+Latest state comes from the nodes, gpus and replicas tables; histories from the leader's ``SampleHistory``
+cache, or (for one-off snapshots such as explain) from the samples table over ``history``, one query per
+subject kind grouped in Python: per-replica queries would be 8,000 round trips.
 """
 
 from __future__ import annotations
@@ -15,37 +16,13 @@ from sqlalchemy.orm import Session
 
 from agent.wire import ReplicaState
 from controlplane.policy.snapshot import FleetSnapshot, Gpu, GpuReading, Node, Replica, ReplicaSample
+from controlplane.remediation.history import SampleHistory, gpu_reading, replica_sample
 from controlplane.store.models import Gpu as GpuRow
 from controlplane.store.models import Node as NodeRow
 from controlplane.store.models import Replica as ReplicaRow
 from controlplane.store.models import Sample
 
-_REPLICA_FIELDS = frozenset(ReplicaSample.model_fields) - {"at", "canary_ok", "max_num_seqs", "rss_bytes",
-                                                            "gpu_memory_bytes"}
-_INT_FIELDS = ("rss_bytes", "gpu_memory_bytes", "max_num_seqs")
 Point = tuple[datetime, dict[str, Any]]
-
-
-def replica_sample(at: datetime, values: dict[str, Any]) -> ReplicaSample:
-    """A stored sample's values as the engine's ``ReplicaSample`` (booleans were stored as 0/1 averages)."""
-    fields: dict[str, Any] = {k: v for k, v in values.items() if k in _REPLICA_FIELDS}
-    for name in _INT_FIELDS:
-        if values.get(name) is not None:
-            fields[name] = int(values[name])
-    if values.get("canary_ok") is not None:
-        fields["canary_ok"] = float(values["canary_ok"]) >= 0.5
-    # Stored values were validated on the way in: construct without validating again (8,000 replicas times
-    # their histories made validation the larger part of a policy pass).
-    return ReplicaSample.model_construct(at=at, **fields)
-
-
-def gpu_reading(at: datetime, values: dict[str, Any]) -> GpuReading:
-    return GpuReading.model_construct(
-        at=at, temperature_celsius=values.get("temperature_celsius"),
-        memory_used_bytes=None if values.get("memory_used_bytes") is None else int(values["memory_used_bytes"]),
-        xid_events_total=None if values.get("xid_events_total") is None else int(values["xid_events_total"]),
-        throttle_reasons=[],
-    )
 
 
 def _histories(session: Session, kind: str, since: datetime,
@@ -61,37 +38,71 @@ def _histories(session: Session, kind: str, since: datetime,
 
 
 def build_snapshot(*, session: Session, now: datetime, history: timedelta = timedelta(minutes=15),
-                   model: str | None = None) -> FleetSnapshot:
-    """The fleet at ``now`` with ``history`` of samples; ``model`` limits replicas to one model (no GPUs then)."""
+                   model: str | None = None, samples: SampleHistory | None = None) -> FleetSnapshot:
+    """The fleet at ``now`` with ``history`` of samples; ``model`` limits replicas to one model (no GPUs then).
+
+    With ``samples`` (the leader's cache) histories come from memory after reading only the new rows;
+    without, from the samples table. Latest state is read with plain column queries: at 8,000 replicas
+    the ORM's per-object bookkeeping cost more than the database did.
+    """
     since = now - history
-    nodes = [Node(name=n.name, cordoned=n.cordoned, memory_total_bytes=n.memory_total_bytes,
-                  last_report_at=n.last_report_at)
-             for n in session.scalars(select(NodeRow).order_by(NodeRow.name))]
-    replica_query = select(ReplicaRow).order_by(ReplicaRow.node, ReplicaRow.name)
+    use_history = history > timedelta(0)
+    if samples is not None and use_history:
+        samples.refresh(session, now)
+    nodes = [Node.model_construct(name=n.name, cordoned=n.cordoned, memory_total_bytes=n.memory_total_bytes,
+                                  last_report_at=n.last_report_at)
+             for n in session.execute(select(NodeRow.name, NodeRow.cordoned, NodeRow.memory_total_bytes,
+                                             NodeRow.last_report_at).order_by(NodeRow.name))]
+    r_cols = ReplicaRow.__table__.c
+    replica_query = select(r_cols.node, r_cols.name, r_cols.model, r_cols.gpus, r_cols.state, r_cols.ready,
+                           r_cols.managed, r_cols.state_since, r_cols.engine_args, r_cols.generation,
+                           r_cols.restarts_total, r_cols.last_exit_code, r_cols.log_tail
+                           ).order_by(r_cols.node, r_cols.name)
     if model is not None:
-        replica_query = replica_query.where(ReplicaRow.model == model)
-    rows = list(session.scalars(replica_query))
-    wanted = {(r.node, r.name) for r in rows} if model is not None else None
-    replica_history = _histories(session, "replica", since, wanted) if history > timedelta(0) else {}
+        replica_query = replica_query.where(r_cols.model == model)
+    rows = session.execute(replica_query).all()
+    stored: dict[tuple[str, str], list[Point]] = {}
+    if use_history and samples is None:
+        stored = _histories(session, "replica", since, {(r.node, r.name) for r in rows} if model else None)
+
+    def replica_history(node: str, name: str) -> list[ReplicaSample]:
+        if not use_history:
+            return []
+        if samples is not None:
+            return samples.replica(node, name, since)
+        return [replica_sample(at, v) for at, v in stored.get((node, name), [])]
+
     replicas = [Replica.model_construct(
         node=r.node, labels={}, name=r.name, model=r.model, gpus=list(r.gpus), state=ReplicaState(r.state),
-        ready=r.ready,
-        managed=r.managed, state_since=r.state_since, engine_args=list(r.engine_args), generation=r.generation,
-        restarts_total=r.restarts_total, last_exit_code=r.last_exit_code, log_tail=list(r.log_tail),
-        history=[replica_sample(at, v) for at, v in replica_history.get((r.node, r.name), [])],
+        ready=r.ready, managed=r.managed, state_since=r.state_since, engine_args=list(r.engine_args),
+        generation=r.generation, restarts_total=r.restarts_total, last_exit_code=r.last_exit_code,
+        log_tail=list(r.log_tail), history=replica_history(r.node, r.name),
     ) for r in rows]
     gpus: list[Gpu] = []
     if model is None:
-        gpu_history = _histories(session, "gpu", since, None) if history > timedelta(0) else {}
-        for g in session.scalars(select(GpuRow).order_by(GpuRow.node, GpuRow.index)):
-            readings = g.readings
+        gpu_stored = _histories(session, "gpu", since, None) if use_history and samples is None else {}
+
+        def gpu_history(node: str, index: int) -> list[GpuReading]:
+            if not use_history:
+                return []
+            if samples is not None:
+                return samples.gpu(node, index, since)
+            return [gpu_reading(at, v) for at, v in gpu_stored.get((node, str(index)), [])]
+
+        g_cols = GpuRow.__table__.c
+        # Unpacked, not read as attributes: a result row's ``index`` is tuple.index.
+        for node, index, uuid, name, readings in session.execute(
+                select(g_cols.node, g_cols.index, g_cols.uuid, g_cols.name, g_cols.readings)
+                .order_by(g_cols.node, g_cols.index)):
             gpus.append(Gpu.model_construct(
-                node=g.node, index=g.index, uuid=g.uuid, name=g.name,
+                node=node, index=index, uuid=uuid, name=name,
                 slowdown_temperature_celsius=readings.get("slowdown_temperature_celsius"),
                 memory_used_bytes=readings.get("memory_used_bytes"),
                 memory_total_bytes=readings.get("memory_total_bytes"),
                 throttle_reasons=list(readings.get("throttle_reasons") or []),
                 xid_events_total=int(readings.get("xid_events_total") or 0), last_xid=readings.get("last_xid"),
-                history=[gpu_reading(at, v) for at, v in gpu_history.get((g.node, str(g.index)), [])],
+                history=gpu_history(node, index),
             ))
-    return FleetSnapshot(now=now, nodes=nodes, gpus=gpus, replicas=replicas)
+    # Constructed, not validated: every part was validated on its way into the store, and validating
+    # 8,000 replicas' histories would hold the interpreter for seconds while reports wait.
+    return FleetSnapshot.model_construct(now=now, nodes=nodes, gpus=gpus, replicas=replicas)

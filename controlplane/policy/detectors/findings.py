@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from itertools import pairwise
 from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -63,24 +63,45 @@ def evidence_of(items: Iterable[Timed], fields: Sequence[str]) -> list[Evidence]
     return thin(points)
 
 
+def upto(samples: Sequence[T], now: datetime) -> int:
+    """How many of the time-ordered ``samples`` are at or before ``now`` (a binary search, not a scan)."""
+    return bisect_right(samples, now, key=_at)
+
+
+def since(samples: Sequence[T], start: datetime, now: datetime) -> Sequence[T]:
+    """The time-ordered ``samples`` with ``start <= at <= now``, found by binary search."""
+    return samples[bisect_left(samples, start, key=_at):upto(samples, now)]
+
+
+def _at(sample: Timed) -> datetime:
+    return sample.at
+
+
 def held_for(samples: Sequence[T], now: datetime, seconds: float, holds: Callable[[T], bool]) -> list[T] | None:
     """The samples covering the last ``seconds`` if ``holds`` is true of every one of them, else None.
 
     Coverage needs an anchor: a sample at or before ``now - seconds``; without one the history is too short
     to say the condition held for the whole duration. A stale history (no recent sample) or one with a
     reporting gap inside the window never holds.
+
+    ``samples`` are time-ordered. The walk goes backwards from the newest sample and stops at the first that
+    fails, so a healthy replica costs one check however long its history (a 1,000-node fleet has 8,000).
     """
     start = now - timedelta(seconds=seconds)
-    past = [s for s in samples if s.at <= now]
-    if not past or (now - past[-1].at).total_seconds() > STALE_AFTER_SECONDS:
+    end = upto(samples, now)
+    if end == 0 or (now - samples[end - 1].at).total_seconds() > STALE_AFTER_SECONDS:
         return None
-    anchor = next((i for i in range(len(past) - 1, -1, -1) if past[i].at <= start), None)
-    if anchor is None:
+    i = end - 1
+    if not holds(samples[i]):
         return None
-    covering = past[anchor:]
-    if any((b.at - a.at).total_seconds() > STALE_AFTER_SECONDS for a, b in pairwise(covering)):
-        return None  # a reporting gap: nobody saw what happened in it
-    return covering if all(holds(s) for s in covering) else None
+    while samples[i].at > start:
+        if i == 0:
+            return None  # no anchor: the history is shorter than the duration
+        before = samples[i - 1]
+        if (samples[i].at - before.at).total_seconds() > STALE_AFTER_SECONDS or not holds(before):
+            return None  # a reporting gap (nobody saw what happened in it), or the condition broke
+        i -= 1
+    return list(samples[i:end])
 
 
 def covering(samples: Sequence[T], now: datetime, seconds: float) -> list[T] | None:

@@ -6,6 +6,7 @@ the practitioners' 85 degC operating limit stands in when the device reports non
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from controlplane.policy.conditions import ThermalCondition
@@ -21,7 +22,7 @@ def temperature_limit(cond: ThermalCondition, gpu: Gpu) -> float:
     return cond.default_limit_celsius
 
 
-def _thermal_reasons(cond: ThermalCondition, reasons: list[str]) -> list[str]:
+def _thermal_reasons(cond: ThermalCondition, reasons: Sequence[str]) -> list[str]:
     return [r for r in reasons if any(word.lower() in r.lower() for word in cond.throttle_reasons)]
 
 

@@ -1,0 +1,82 @@
+"""The leader's incremental sample history gives the policy engine what a full read of the store would."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from fastapi.testclient import TestClient
+from sqlalchemy import insert
+
+from controlplane.remediation.history import SampleHistory
+from controlplane.remediation.snapshot import build_snapshot
+from controlplane.store.db import session_scope
+from controlplane.store.models import Sample
+from tests.controlplane.fixtures import T0, FakeClock, body, gpu, replica, report
+
+
+def _post(client: TestClient, i: int, node: str = "gpu-a") -> None:
+    client.post(f"/v1/agents/{node}/report", json=body(report(
+        node=node, sequence=i + 1, sent_at=T0 + timedelta(seconds=10 * i),
+        replicas=[replica("r0", ttft=0.1 * (i + 1)), replica("r1", ttft=0.05)], gpus=[gpu(0, temperature=50 + i)])))
+
+
+def _histories(snap: object) -> list[tuple[str, list[float | None]]]:
+    return [(r.key, [s.ttft_p99_seconds for s in r.history]) for r in snap.replicas]  # type: ignore[attr-defined]
+
+
+def test_incremental_rounds_see_what_a_full_read_sees(client: TestClient, clock: FakeClock) -> None:
+    ctx = client.app.state.pitstop  # type: ignore[attr-defined]
+    cache = SampleHistory(timedelta(minutes=1))
+    for i in range(12):
+        _post(client, i)
+        clock.now = T0 + timedelta(seconds=10 * i + 1)
+        with session_scope(ctx.sessions) as session:
+            cached = build_snapshot(session=session, now=clock.now, history=timedelta(minutes=1), samples=cache)
+            fresh = build_snapshot(session=session, now=clock.now, history=timedelta(minutes=1))
+        assert _histories(cached) == _histories(fresh)
+        assert [[g.temperature_celsius for g in x.history] for x in cached.gpus] == \
+               [[g.temperature_celsius for g in x.history] for x in fresh.gpus]
+    # The window slid: only the last minute is kept (samples at 60..110 s for the round at 111 s).
+    [r0, _r1] = cached.replicas
+    assert [round(s.ttft_p99_seconds or 0, 1) for s in r0.history] == [0.7, 0.8, 0.9, 1.0, 1.1, 1.2]
+    assert len(cache) == 6 * 3
+
+
+def test_a_row_that_commits_after_a_larger_id_still_lands(client: TestClient, clock: FakeClock) -> None:
+    # PostgreSQL hands out ids before commit: a slow report's rows can appear after a quicker one's.
+    ctx = client.app.state.pitstop  # type: ignore[attr-defined]
+    cache = SampleHistory(timedelta(minutes=5))
+    for i in range(3):
+        _post(client, i)
+    clock.now = T0 + timedelta(seconds=30)
+    with session_scope(ctx.sessions) as session:
+        cache.refresh(session, clock.now)
+        top = max(session.scalars(Sample.__table__.select().with_only_columns(Sample.id)).all())
+        # Leave a hole in the ids, fill the hole only after a larger id was read.
+        session.execute(insert(Sample).values(id=top + 5, node="gpu-a", subject_kind="replica", subject="r1",
+                                              at=T0 + timedelta(seconds=25), resolution_seconds=0,
+                                              values={"ttft_p99_seconds": 0.5}))
+    with session_scope(ctx.sessions) as session:
+        cache.refresh(session, clock.now)
+        session.execute(insert(Sample).values(id=top + 2, node="gpu-a", subject_kind="replica", subject="r1",
+                                              at=T0 + timedelta(seconds=22), resolution_seconds=0,
+                                              values={"ttft_p99_seconds": 0.9}))
+    with session_scope(ctx.sessions) as session:
+        assert cache.refresh(session, clock.now) == 1
+        assert cache.refresh(session, clock.now) == 0  # read once, not again
+    since = clock.now - timedelta(minutes=5)
+    # In time order, whatever order the rows arrived in.
+    assert [s.ttft_p99_seconds for s in cache.replica("gpu-a", "r1", since)] == [0.05, 0.05, 0.05, 0.9, 0.5]
+
+
+def test_a_new_leader_term_reads_the_window_afresh(client: TestClient, clock: FakeClock) -> None:
+    ctx = client.app.state.pitstop  # type: ignore[attr-defined]
+    cache = SampleHistory(timedelta(minutes=5))
+    for i in range(3):
+        _post(client, i)
+    clock.now = T0 + timedelta(seconds=30)
+    with session_scope(ctx.sessions) as session:
+        assert cache.refresh(session, clock.now) == 9
+        cache.clear()
+        assert len(cache) == 0
+        assert cache.refresh(session, clock.now) == 9
