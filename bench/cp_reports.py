@@ -1,15 +1,18 @@
 """Drive N simulated agents against one ``pitstop server`` process and measure report latency and backlog.
 
-Each agent reports every ``--interval`` seconds (8 GPUs and 8 replicas by default), on a schedule spread
-evenly over the interval; an async httpx client with bounded concurrency sends them. A report that starts
-more than ``--late`` seconds after its scheduled time counts as backlog. After the load, one full policy
-evaluation pass runs over the same database: ``build_snapshot`` for the whole fleet, ``evaluate`` and
-``decide`` with the default policies, timed.
+Before the server starts, the samples table gets ``--history-minutes`` (15) of the fleet's history, so the
+policy rounds carry a production-sized window. Each agent reports every ``--interval`` seconds (8 GPUs and
+8 replicas by default), on a schedule spread evenly over the interval, over a small pool of keep-alive
+connections with bounded concurrency. A report that starts more than ``--late`` seconds after its scheduled
+time counts as backlog. The load starts once the server's policy process has finished its first rounds
+(the first reads the whole window); the rounds that run during the load are counted and timed from the
+server's ``pitstop_cp_policy_round_seconds``. The first run also times one standalone pass (cold: the
+whole window; warm: after one more interval of reports), split into snapshot and evaluation.
 
 The load generator shares the machine's cores with the server (and the database), so figures on a small
 machine are pessimistic for the server.
 
-    python bench/cp_reports.py --backend sqlite --agents 1000 --duration 30 --runs 3
+    python bench/cp_reports.py --backend sqlite --runs 3
     python bench/cp_reports.py --backend postgresql   # starts a throw-away PostgreSQL (Debian binaries)
 """
 
@@ -25,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from glob import glob
@@ -80,8 +83,8 @@ def _template(node: str, gpus: int, replicas: int) -> str:
 
 
 def _pg_bin(name: str) -> str | None:
-    found = shutil.which(name) or (sorted(glob(f"/usr/lib/postgresql/*/bin/{name}")) or [None])[-1]
-    return found
+    candidates = sorted(glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return shutil.which(name) or (candidates[-1] if candidates else None)
 
 
 def _as_postgres(argv: list[str]) -> list[str]:
@@ -143,11 +146,104 @@ def server(url: str, port: int, workdir: Path) -> Iterator[subprocess.Popen[byte
         log.close()
 
 
+def seed_history(url: str, agents: int, gpus: int, replicas: int, interval: float, minutes: float) -> int:
+    """Fill the samples table with ``minutes`` of history for the whole fleet, as if agents had reported every
+    ``interval`` seconds, so the policy rounds carry a production-sized window (15 minutes is about 2.9
+    million rows at 1,000 nodes). Written in bulk: replaying it through the API would take longer than the
+    benchmark."""
+    from sqlalchemy import insert
+
+    from controlplane.fleet.ingest import gpu_series_values, replica_series_values
+    from controlplane.store.db import make_engine, migrate
+    from controlplane.store.models import Sample
+
+    engine = make_engine(url)
+    migrate(engine)
+    now = datetime.now(UTC)
+    template = node_report("node-0000", gpus, replicas, 1, now)
+    gpu_values = [gpu_series_values(g) for g in template.gpus]
+    replica_values = [replica_series_values(r) for r in template.replicas]
+    steps = int(minutes * 60 / interval)
+    written = 0
+    try:
+        for step in range(steps, 0, -1):
+            rows = []
+            for i in range(agents):
+                node = f"node-{i:04d}"
+                at = now - timedelta(seconds=step * interval - interval * i / agents)
+                rows += [{"node": node, "subject_kind": "gpu", "subject": str(k), "at": at, "resolution_seconds": 0,
+                          "values": v} for k, v in enumerate(gpu_values)]
+                rows += [{"node": node, "subject_kind": "replica", "subject": f"r{k}", "at": at,
+                          "resolution_seconds": 0, "values": v} for k, v in enumerate(replica_values)]
+            with engine.begin() as conn:
+                conn.execute(insert(Sample), rows)
+            written += len(rows)
+    finally:
+        engine.dispose()
+    return written
+
+
+def policy_round_stats(base: str) -> dict[str, float]:
+    """The server's own policy rounds during the load, from its /metrics."""
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("pitstop_cp_policy_round_seconds_sum"):
+            values["sum"] = float(line.split()[-1])
+        elif line.startswith("pitstop_cp_policy_round_seconds_count"):
+            values["count"] = float(line.split()[-1])
+    return values
+
+
 def _cpu(pid: int) -> float:
     import psutil
 
     times = psutil.Process(pid).cpu_times()
     return float(times.user + times.system)
+
+
+class Connections:
+    """Keep-alive HTTP/1.1 connections for the load: each report is written as prepared bytes and its answer
+    read by Content-Length. A general client (httpx) cost this machine more CPU per report than the server
+    it measures, and both share two cores."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._host, self._port = host, port
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def post(self, path: str, body: bytes) -> int:
+        """POST ``body``; the answer's status (the body is read and dropped). A kept-alive connection the
+        server closed while idle is retried once on a fresh one, as HTTP clients do."""
+        request = (f"POST {path} HTTP/1.1\r\nHost: {self._host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+        if self._idle:
+            reader, writer = self._idle.pop()
+            try:
+                return await self._exchange(reader, writer, request)
+            except (OSError, asyncio.IncompleteReadError) as exc:
+                if isinstance(exc, asyncio.IncompleteReadError) and exc.partial:
+                    raise  # the server answered part of it: a real failure, not an idle close
+        reader, writer = await asyncio.open_connection(self._host, self._port)
+        return await self._exchange(reader, writer, request)
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> int:
+        try:
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+        except BaseException:
+            writer.close()
+            raise
+        self._idle.append((reader, writer))
+        return status
+
+    def close(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
 
 
 async def drive(base: str, agents: int, gpus: int, replicas: int, interval: float, duration: float,
@@ -157,38 +253,41 @@ async def drive(base: str, agents: int, gpus: int, replicas: int, interval: floa
     lateness: list[float] = []
     errors = 0
     sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30, headers=headers) as client:
-        loop = asyncio.get_running_loop()
-        start = loop.time() + 0.5
-        rounds = max(1, int(duration / interval))
-        schedule = sorted((start + r * interval + interval * i / agents, i, r + 1)
-                          for r in range(rounds) for i in range(agents))
+    address = httpx.URL(base)
+    pool = Connections(address.host, address.port or 80)
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.5
+    rounds = max(1, int(duration / interval))
+    # Sequence numbers from the wall clock (ms): they keep rising across calls, as one agent's would.
+    epoch_ms = int(time.time() * 1000) - int(loop.time() * 1000)
+    schedule = sorted((due, i, epoch_ms + int(due * 1000)) for r in range(rounds) for i in range(agents)
+                      if (due := start + r * interval + interval * i / agents))
 
-        async def send(due: float, i: int, seq: int) -> None:
-            nonlocal errors
-            async with sem:
-                began = loop.time()
-                lateness.append(began - due)
-                at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-                try:
-                    r = await client.post(f"/v1/agents/node-{i:04d}/report",
-                                          content=templates[i].replace("{seq}", str(seq)).replace("{at}", at))
-                    if r.status_code != 200:
-                        errors += 1
-                except httpx.HTTPError:
+    async def send(due: float, i: int, seq: int) -> None:
+        nonlocal errors
+        async with sem:
+            began = loop.time()
+            lateness.append(began - due)
+            at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            body = templates[i].replace("{seq}", str(seq)).replace("{at}", at).encode()
+            try:
+                if await pool.post(f"/v1/agents/node-{i:04d}/report", body) != 200:
                     errors += 1
-                latencies.append(loop.time() - began)
+            except (OSError, asyncio.IncompleteReadError, ValueError):
+                errors += 1
+            latencies.append(loop.time() - began)
 
-        tasks = []
+    tasks = []
+    try:
         for due, i, seq in schedule:
             delay = due - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(send(due, i, seq)))
         await asyncio.gather(*tasks)
-        elapsed = loop.time() - start
+    finally:
+        pool.close()
+    elapsed = loop.time() - start
     q = statistics.quantiles(latencies, n=100)
     return {"reports": len(latencies), "errors": errors, "seconds": round(elapsed, 1),
             "rate": round(len(latencies) / elapsed, 1), "p50_ms": round(q[49] * 1000, 1),
@@ -196,33 +295,44 @@ async def drive(base: str, agents: int, gpus: int, replicas: int, interval: floa
             "max_late_s": round(max(lateness), 2)}
 
 
-def policy_pass(url: str) -> dict[str, float]:
+def policy_pass(url: str, more_reports: Callable[[], object]) -> dict[str, float]:
+    """One full policy pass over the fleet, as the leader runs it: cold (a new leader reads the whole
+    history window into its cache), then warm (after one more report interval, reading only the new rows)."""
     from controlplane.policy import evaluate
     from controlplane.policy.guardrails import GuardConfig, decide
     from controlplane.policy.loader import DEFAULTS_DIR, load_directory
+    from controlplane.remediation.history import SampleHistory
     from controlplane.remediation.records import guard_state
     from controlplane.remediation.snapshot import build_snapshot
     from controlplane.store.db import make_engine, make_sessionmaker, session_scope
 
     policies = load_directory(DEFAULTS_DIR)
     engine = make_engine(url)
+    cache = SampleHistory(timedelta(minutes=15))
+    out: dict[str, float] = {}
     try:
-        with session_scope(make_sessionmaker(engine)) as session:
-            now = datetime.now(UTC)
-            t0 = time.perf_counter()
-            snapshot = build_snapshot(session=session, now=now)
-            t1 = time.perf_counter()
-            proposed = evaluate(policies, snapshot, now)
-            t2 = time.perf_counter()
-            decide(proposed, guard_state(session=session, now=now), snapshot, now,
-                   {p.name: p for p in policies}, GuardConfig())
-            t3 = time.perf_counter()
+        for phase in ("cold", "warm"):
+            if phase == "warm":
+                more_reports()
+            with session_scope(make_sessionmaker(engine)) as session:
+                now = datetime.now(UTC)
+                t0 = time.perf_counter()
+                snapshot = build_snapshot(session=session, now=now, samples=cache)
+                t1 = time.perf_counter()
+                proposed = evaluate(policies, snapshot, now)
+                t2 = time.perf_counter()
+                decide(proposed, guard_state(session=session, now=now), snapshot, now,
+                       {p.name: p for p in policies}, GuardConfig())
+                t3 = time.perf_counter()
+            out |= {f"{phase}_snapshot_s": round(t1 - t0, 2), f"{phase}_evaluate_s": round(t2 - t1, 2),
+                    f"{phase}_pass_s": round(t3 - t0, 2)}
+            out["proposed"] = len(proposed)
     finally:
         engine.dispose()
-    samples = sum(len(r.history) for r in snapshot.replicas)
-    return {"replicas": len(snapshot.replicas), "replica_samples": samples, "snapshot_s": round(t1 - t0, 2),
-            "evaluate_s": round(t2 - t1, 2), "decide_s": round(t3 - t2, 2), "pass_s": round(t3 - t0, 2),
-            "proposed": len(proposed)}
+    out["replicas"] = len(snapshot.replicas)
+    out["replica_samples"] = sum(len(r.history) for r in snapshot.replicas)
+    out["gpu_samples"] = sum(len(g.history) for g in snapshot.gpus)
+    return out
 
 
 def main() -> int:
@@ -232,33 +342,57 @@ def main() -> int:
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--interval", type=float, default=5.0)
-    p.add_argument("--duration", type=float, default=30.0, help="seconds of load per run")
+    p.add_argument("--duration", type=float, default=120.0, help="seconds of load per run")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--late", type=float, default=1.0, help="seconds behind schedule that count as backlog")
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--no-policy-pass", action="store_true", help="skip the policy evaluation pass")
+    p.add_argument("--history-minutes", type=float, default=15.0,
+                   help="sample history written before the load, so policy rounds carry a full window")
     args = p.parse_args()
     from tests.helpers import free_port
 
     results = []
     for run in range(args.runs):
         with database(args.backend, free_port()) as url, tempfile.TemporaryDirectory() as work:
+            seeded_at = time.perf_counter()
+            seeded = seed_history(url, args.agents, args.gpus, args.replicas, args.interval, args.history_minutes)
+            seed_s = time.perf_counter() - seeded_at
             port = free_port()
+            base = f"http://127.0.0.1:{port}"
+
+            def one_interval(base: str = base) -> object:
+                return asyncio.run(drive(base, args.agents, args.gpus, args.replicas, args.interval,
+                                         args.interval, args.concurrency, args.late))
+
             with server(url, port, Path(work)) as proc:
-                # One round first so every node exists: the measured rounds are steady state.
-                asyncio.run(drive(f"http://127.0.0.1:{port}", args.agents, args.gpus, args.replicas,
-                                  args.interval, args.interval, args.concurrency, args.late))
+                # One round first so every node exists, and the leader's first (cold) policy round is over:
+                # the measured rounds are steady state.
+                one_interval()
+                deadline = time.monotonic() + 300
+                while policy_round_stats(base).get("count", 0) < 2 and time.monotonic() < deadline:
+                    one_interval()  # reports keep coming while the leader reads its window
+                before = policy_round_stats(base)
                 # CPU seconds per report, for the server and for this load generator: on a shared machine
                 # these say what one dedicated core could sustain, whatever else was running.
                 server_cpu, client_cpu = _cpu(proc.pid), time.process_time()
-                load = asyncio.run(drive(f"http://127.0.0.1:{port}", args.agents, args.gpus, args.replicas,
+                load = asyncio.run(drive(base, args.agents, args.gpus, args.replicas,
                                          args.interval, args.duration, args.concurrency, args.late))
                 n = max(1, int(load["reports"]))
                 load["server_cpu_ms"] = round((_cpu(proc.pid) - server_cpu) * 1000 / n, 2)
                 load["client_cpu_ms"] = round((time.process_time() - client_cpu) * 1000 / n, 2)
                 load["load_avg_1m"] = round(os.getloadavg()[0], 1)
-            passed = {} if args.no_policy_pass else policy_pass(url)
-            result = {"run": run + 1, "backend": args.backend, **load, **passed}
+                after = policy_round_stats(base)
+                rounds = after.get("count", 0) - before.get("count", 0)
+                load["server_rounds"] = rounds
+                load["server_round_mean_s"] = round((after.get("sum", 0) - before.get("sum", 0)) / rounds, 3) \
+                    if rounds else 0.0
+                load["server_first_rounds_s"] = round(before.get("sum", 0), 2)
+                # The standalone pass (its split into snapshot and evaluation) once: it reads the whole window
+                # again, and the server's own rounds above already give the pass time of every run.
+                passed = {} if args.no_policy_pass or run > 0 else policy_pass(url, one_interval)
+            result = {"run": run + 1, "backend": args.backend, "seeded_rows": seeded, "seed_s": round(seed_s, 1),
+                      **load, **passed}
             print(json.dumps(result), flush=True)
             results.append(result)
     if len(results) > 1:

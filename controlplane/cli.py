@@ -80,8 +80,11 @@ def _serve(config: ServerConfig, log_level: str) -> int:
     import uvicorn
 
     from controlplane.api.app import create_app
+    from controlplane.heap import HeapFreezer
 
-    app = create_app(config)
+    # Policy rounds in their own process by default: at fleet scale they would hold up reports here.
+    app = create_app(config, heap=None if config.policy_process else HeapFreezer(),
+                     policy_process=config.policy_process, log_level=log_level)
     scheme = "https" if config.tls_cert_file else "http"
     print(f"pitstop server: listening on {scheme}://{config.host}:{config.port} "
           f"(database {_safe_url(config.database_url)}; docs at /docs)", flush=True)

@@ -60,6 +60,9 @@ class ServerConfig(BaseModel):
     # A policy round over a large fleet is heavy (building the snapshot dominates): after a round slower than
     # half a second, the next waits so rounds take at most this share of the time and reports keep flowing.
     policy_max_duty: float = Field(default=0.25, gt=0, le=1)
+    # ``pitstop server`` runs the policy rounds in a process of their own, so a large fleet's evaluation never
+    # shares the API process's interpreter lock with reports; false runs them in the API process.
+    policy_process: bool = True
     # How much sample history a policy pass reads.
     policy_history_seconds: float = Field(default=900.0, gt=0)
     # Fleet-wide guardrails (budgets, rate limit, breaker): ``controlplane.policy.guardrails.GuardConfig``.

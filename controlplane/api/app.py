@@ -16,8 +16,10 @@ from controlplane.api.auth import Authenticator
 from controlplane.api.context import AppContext, Clock, utc_now
 from controlplane.api.telemetry import Telemetry, TelemetryMiddleware
 from controlplane.config import ServerConfig
+from controlplane.heap import HeapFreezer
 from controlplane.jobs import Jobs, PolicyHook
 from controlplane.leader import Leadership, leadership_for
+from controlplane.policy_process import PolicyProcess
 from controlplane.store.db import make_engine, make_sessionmaker, migrate
 
 log = logging.getLogger(__name__)
@@ -29,11 +31,14 @@ OPEN_MODE_WARNING = (
 
 
 def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool = True,
-               leadership: Leadership | None = None, policy_hook: PolicyHook | None = None) -> FastAPI:
+               leadership: Leadership | None = None, policy_hook: PolicyHook | None = None,
+               heap: HeapFreezer | None = None, policy_process: bool = False, log_level: str = "info") -> FastAPI:
     """Build an app over ``config.database_url``, migrating the database to the latest revision first.
 
     ``run_jobs`` starts the scheduler (leader election, executor, retention, policy hook) with the app's
-    lifespan; tests that drive the jobs by hand turn it off.
+    lifespan; tests that drive the jobs by hand turn it off. ``heap``: the server process's garbage-collector
+    tuning after each policy round (process-wide, so only ``pitstop server`` passes one). ``policy_process``
+    runs the policy rounds in a process of their own (``pitstop server`` does, unless configured off).
     """
     engine = make_engine(config.database_url)
     migrate(engine)
@@ -44,9 +49,12 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
         leadership=leadership if leadership is not None else leadership_for(config.database_url),
         report_writer=threading.Lock() if engine.dialect.name == "sqlite" else nullcontext(),
     )
+    process = None
+    if policy_process and config.policies_enabled:
+        process = PolicyProcess(config, on_round=ctx.telemetry.policy_round_seconds.observe, log_level=log_level)
     jobs = Jobs(sessions=sessions, leadership=ctx.leadership, config=config, clock=clock,
                 on_leadership=lambda leads: ctx.telemetry.leader.set(1 if leads else 0), policy_hook=policy_hook,
-                on_round=ctx.telemetry.policy_round_seconds.observe)
+                on_round=ctx.telemetry.policy_round_seconds.observe, heap=heap, policy_process=process)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

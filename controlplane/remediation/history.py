@@ -13,13 +13,13 @@ writer, so ids arrive in order there. A leader that starts (or takes over) reads
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left, insort
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.policy.snapshot import REPLICA_SAMPLE_FIELDS, GpuReading, ReplicaSample
@@ -61,62 +61,74 @@ class SampleHistory:
         self.overlap_rows = overlap_rows
         self._series: dict[Key, list[Any]] = {}
         self._watermark: int | None = None  # the largest id read so far; None until the first refresh
+        self.cold_seconds = 0.0  # time spent reading whole windows (a new leader term), for the duty cap
         self._seen: set[int] = set()  # ids read in the overlap window, to skip on the next refresh
-        self._seen_order: deque[int] = deque()
 
     def clear(self) -> None:
         """Forget everything (leadership lost: the next leader term reads the window afresh)."""
         self._series.clear()
         self._seen.clear()
-        self._seen_order.clear()
         self._watermark = None
 
     def refresh(self, session: Session, now: datetime) -> int:
         """Read the rows written since the last refresh, drop what fell out of the window; rows added."""
         since = now - self.horizon
         if self._watermark is None:
-            rows = session.execute(select(*_COLUMNS).where(Sample.at >= since, Sample.resolution_seconds == 0)
-                                   .order_by(Sample.id)).all()
+            began = time.perf_counter()
+            # Streamed in batches: a 1,000-node fleet's window is millions of rows, and holding every
+            # decoded row at once would take several times the memory of the history itself.
+            query = (select(*_COLUMNS).where(Sample.at >= since, Sample.resolution_seconds == 0)
+                     .order_by(Sample.id).execution_options(yield_per=20_000))
+            added = sum(self._add(batch, since) for batch in session.execute(query).partitions())
+            self.cold_seconds += time.perf_counter() - began
         else:
             floor = self._watermark - self.overlap_rows
             recent = session.scalars(select(Sample.id).where(Sample.id > floor)).all()
             late = [i for i in recent if i <= self._watermark and i not in self._seen]
-            query = select(*_COLUMNS).where(Sample.id > self._watermark)
-            rows = session.execute(query.order_by(Sample.id)).all()
+            added = self._add(session.execute(select(*_COLUMNS).where(Sample.id > self._watermark)
+                                              .order_by(Sample.id)).all(), since)
             if late:
-                rows = [*session.execute(select(*_COLUMNS).where(Sample.id.in_(late))).all(), *rows]
-        added = self._add(rows, since)
+                added += self._add(session.execute(select(*_COLUMNS).where(Sample.id.in_(late))).all(), since)
         self._trim(since)
         return added
 
-    def _add(self, rows: Sequence[Row[Any]], since: datetime) -> int:
+    def _add(self, rows: Iterable[Any],
+             since: datetime) -> int:
         added = 0
         last_at: datetime | None = None
-        for row in rows:
-            self._remember(row.id)
-            if row.at < since:
+        ids: list[int] = []
+        series_of = self._series
+        for row_id, node, kind, subject, at, values in rows:
+            ids.append(row_id)
+            if at < since:
                 continue
             # Samples of one report share their time: one datetime object for all sixteen of them.
-            at = last_at if last_at == row.at else row.at
+            if at == last_at:
+                at = last_at
             last_at = at
-            point = (replica_sample(at, row.values) if row.subject_kind == "replica"
-                     else gpu_reading(at, row.values))
-            series = self._series.setdefault((row.node, row.subject_kind, row.subject), [])
-            if not series or series[-1].at <= at:
+            point = replica_sample(at, values) if kind == "replica" else gpu_reading(at, values)
+            series = series_of.get((node, kind, subject))
+            if series is None:
+                series_of[(node, kind, subject)] = [point]
+            elif series[-1].at <= at:
                 series.append(point)
             else:
                 insort(series, point, key=_at)  # a report that arrived out of order
             added += 1
+        self._note(ids)
         return added
 
-    def _remember(self, row_id: int) -> None:
-        if self._watermark is None or row_id > self._watermark:
-            self._watermark = row_id
-        self._seen.add(row_id)
-        self._seen_order.append(row_id)
+    def _note(self, ids: list[int]) -> None:
+        """Move the watermark and remember the ids of the overlap window (read once, never twice)."""
+        if not ids:
+            return
+        top = max(ids)
+        if self._watermark is None or top > self._watermark:
+            self._watermark = top
         floor = self._watermark - self.overlap_rows
-        while self._seen_order and self._seen_order[0] <= floor:
-            self._seen.discard(self._seen_order.popleft())
+        self._seen.update(i for i in ids if i > floor)
+        if len(self._seen) > 2 * self.overlap_rows:
+            self._seen = {i for i in self._seen if i > floor}
 
     def _trim(self, since: datetime) -> None:
         for key in list(self._series):

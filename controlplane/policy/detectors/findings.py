@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 EVIDENCE_POINTS = 12
 # A history whose newest sample is older than this is a node that stopped reporting, not a signal.
 STALE_AFTER_SECONDS = 180.0
+_STALE = timedelta(seconds=STALE_AFTER_SECONDS)
 
 Value = float | int | bool | str | list[str] | None
 Measured = float | int | bool | str | None
@@ -89,18 +90,20 @@ def held_for(samples: Sequence[T], now: datetime, seconds: float, holds: Callabl
     """
     start = now - timedelta(seconds=seconds)
     end = upto(samples, now)
-    if end == 0 or (now - samples[end - 1].at).total_seconds() > STALE_AFTER_SECONDS:
+    if end == 0 or now - samples[end - 1].at > _STALE:
         return None
     i = end - 1
-    if not holds(samples[i]):
+    later = samples[i]
+    if not holds(later):
         return None
-    while samples[i].at > start:
+    while later.at > start:
         if i == 0:
             return None  # no anchor: the history is shorter than the duration
         before = samples[i - 1]
-        if (samples[i].at - before.at).total_seconds() > STALE_AFTER_SECONDS or not holds(before):
+        if later.at - before.at > _STALE or not holds(before):
             return None  # a reporting gap (nobody saw what happened in it), or the condition broke
         i -= 1
+        later = before
     return list(samples[i:end])
 
 

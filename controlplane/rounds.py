@@ -1,0 +1,110 @@
+"""``PolicyRounds``: one policy round at a time, with the leader's history cache and the duty cap.
+
+A round re-reads changed policy files, builds the fleet snapshot (new samples only, from the history
+cache), evaluates, guards and records the decisions, then applies what was approved at once. The same
+object runs in the API process (embedded apps, tests) or in the policy process ``pitstop server`` starts
+(``controlplane.policy_process``), where a large fleet's evaluation cannot hold up the report path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from controlplane.config import ServerConfig
+from controlplane.heap import HeapFreezer
+from controlplane.policy.guardrails import GuardConfig
+from controlplane.remediation.executor import apply_approved
+from controlplane.remediation.history import SampleHistory
+from controlplane.remediation.loop import RoundResult, run_round
+from controlplane.remediation.policyset import PolicySet
+from controlplane.store.db import session_scope
+
+log = logging.getLogger(__name__)
+# Rounds quicker than this never delay the next one (small fleets, tests); slower ones obey policy_max_duty.
+SLOW_ROUND_SECONDS = 0.5
+# Where the policy-evaluation job plugs in: called by the leader with a session and the time.
+PolicyHook = Callable[[Session, datetime], None]
+
+
+def round_pause(started: float, ended: float, max_duty: float) -> float:
+    """When the next round may start: at once after a quick round, later after a slow one (duty cap)."""
+    took = ended - started
+    if took < SLOW_ROUND_SECONDS:
+        return ended
+    return ended + took * (1.0 / max_duty - 1.0)
+
+
+class PolicyRounds:
+    def __init__(self, *, sessions: sessionmaker[Session], config: ServerConfig, clock: Callable[[], datetime],
+                 policy_hook: PolicyHook | None = None, heap: HeapFreezer | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._sessions = sessions
+        self._config = config
+        self._clock = clock
+        self._policy_hook = policy_hook
+        self._heap = heap
+        self._monotonic = monotonic
+        self.policies = PolicySet.from_config(config)
+        self.guard_config = GuardConfig.model_validate(config.guardrails)
+        # The leader's in-memory sample history; a follower keeps none (``forget`` on losing the lead).
+        self.samples = SampleHistory(timedelta(seconds=config.policy_history_seconds))
+        self._running = threading.Lock()
+        self._next_round_at = 0.0
+        self._forget = False
+        self.last_round: RoundResult | None = None
+
+    def forget(self) -> None:
+        """Leadership was lost: the next round (of a later term) reads the history window afresh."""
+        self._forget = True
+
+    def due(self) -> bool:
+        return self._monotonic() >= self._next_round_at
+
+    def run(self) -> tuple[RoundResult | None, float] | None:
+        """One round and its duration; None when one is already running or the duty cap says wait."""
+        if not self.due() or not self._running.acquire(blocking=False):
+            return None
+        started = self._monotonic()
+        try:
+            result = self._round()
+        finally:
+            ended = self._monotonic()
+            # Reading the whole window once per leader term is not the steady cost the duty cap is for: a new
+            # leader must not sit out minutes of rounds because its first one loaded the history.
+            cold, self.samples.cold_seconds = self.samples.cold_seconds, 0.0
+            self._next_round_at = round_pause(started + min(cold, ended - started), ended,
+                                              self._config.policy_max_duty)
+            if self._heap is not None:
+                self._heap.after_round()
+            self._running.release()
+        return result, ended - started
+
+    def _round(self) -> RoundResult | None:
+        if self._forget:
+            self.samples.clear()  # another replica led in between: what it stored is read afresh
+            self._forget = False
+        result = None
+        if self._config.policies_enabled:
+            now = self._clock()
+            self.policies.refresh(now)
+            with session_scope(self._sessions) as session:
+                result = run_round(session=session, now=now, policies=self.policies.policies,
+                                   guard_config=self.guard_config,
+                                   history=timedelta(seconds=self._config.policy_history_seconds),
+                                   samples=self.samples)
+            self.last_round = result
+            if result.recorded:
+                log.info("policy round: %d proposed, recorded %s", result.proposed, result.recorded)
+                applied = apply_approved(sessions=self._sessions, now=self._clock)
+                if applied:
+                    log.info("executor: applied %s", applied)
+        if self._policy_hook is not None:
+            with session_scope(self._sessions) as session:
+                self._policy_hook(session, self._clock())
+        return result
