@@ -1,113 +1,244 @@
-"""Governor: is there a load where --max-num-seqs 256 misses the TTFT SLO and a lower static value meets it?
+"""Governor: from --max-num-seqs 256 missing the ITL SLO, how fast does the itl-slo governor meet it, at what cost?
 
-The default ``ttft-slo`` policy (``controlplane/policy/defaults``) governs ``--max-num-seqs`` on TTFT p99 >
-500 ms with the ladder 256, 192, ... 16. Before a governed run can be judged ("meets the SLO within 5 minutes,
-throughput within 10 % of the best static setting"), a sweep must find a load where 256 misses the SLO and
-some lower static value meets it. This benchmark runs that sweep on the simulator's timing model with the
-virtual clock (``enginesim.virtual_load.run_virtual_load``: closed-loop streams, the same shape the HTTP load
-generator makes), over memory shares, stream counts and request shapes, and prints for each load every
-ladder value's throughput, TTFT p99, ITL p99 and preemptions, then the verdict: the best static value that
-meets the SLO (the governed run's throughput target) or "none".
+1. **Sweep** (the simulator's timing model on its virtual clock, ``enginesim.virtual_load``: closed-loop
+   streams, no host contention): loads (memory share, streams, prompt+output) x the shipped ``itl-slo``
+   ladder (256 ... 16), each value's throughput, ITL p99, TTFT p99 and preemptions; a load qualifies when 256
+   misses ITL p99 <= the policy's threshold and a lower static value meets it. The best such value is the
+   governed run's throughput target. TTFT is shown too: lowering never fixes it (why ``ttft-slo`` alerts).
+2. **Governed run** (real processes): ``pitstop server`` with its policy job and the shipped policies, one
+   ``pitstop agent`` supervising two simulated replicas of one model at ``--max-num-seqs 256``, and the first
+   qualifying load on each replica (``enginesim.loadgen`` closed-loop streams, spread over both) for
+   ``--governed-seconds``. Reported: load start -> the SLO met on every replica (ITL p99 as the agent reports
+   it each second; first, and for good), the value the fleet settled on, and its throughput after the last
+   restart (the engines' own token counters).
+3. **Static run**, side by side on the same harness and load: both replicas at the sweep's best static value,
+   no policies; its throughput is the reference for the ratio.
 
-    python bench/governor.py [--quick] [--duration 60] [--out bench/results/governor.json]
+``--quick`` (CI): one load, a 30 s sweep, the governor's ``for:`` and the canary window cut (labelled), short
+runs. The policy job, the agent, both engines and the load generator share this host's cores.
+
+    python bench/governor.py [--quick] [--duration 60] [--governed-seconds 360] [--static-seconds 150]
+                             [--policy-for S] [--canary-window S] [--out bench/results/governor.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness.figures import fmt, median, table, write_json
+from bench.harness.figures import fmt, host_note, table, write_json
+from bench.harness.fleet import Fleet, Replica
+from bench.harness.load import BackgroundLoad
+from bench.harness.procs import Processes
+from bench.harness.replica_watch import (
+    ReplicaWatch,
+    breach_share,
+    final_values,
+    last_restart,
+    slo_met,
+    throughput,
+)
 from controlplane.policy.actions import LowerMaxNumSeqsAction
 from controlplane.policy.conditions import ThresholdCondition
-from controlplane.policy.loader import load_directory
+from controlplane.policy.loader import DEFAULTS_DIR, load_directory
+from enginesim.loadgen import LoadSpec
 from enginesim.profiles import H100_LLAMA_8B
 from enginesim.virtual_load import run_virtual_load
 
-# (gpu memory share, concurrent streams, prompt tokens, output tokens)
-LOADS = [(0.9, 128, 512, 256), (0.9, 256, 512, 256), (0.9, 384, 256, 128),
-         (0.5, 128, 512, 1024), (0.45, 160, 256, 768), (0.4, 96, 512, 512), (0.4, 64, 1024, 256)]
-QUICK_LOADS = [(0.9, 256, 512, 256), (0.4, 96, 512, 512)]
+Load = tuple[float, int, int, int]  # (gpu memory share, concurrent streams per replica, prompt, output tokens)
+LOADS: list[Load] = [(0.9, 128, 512, 256), (0.9, 256, 512, 256), (0.9, 384, 256, 128), (0.5, 128, 512, 1024),
+                     (0.45, 160, 256, 768), (0.4, 96, 512, 512), (0.4, 64, 1024, 256)]
+QUICK_LOADS: list[Load] = [(0.9, 128, 512, 256)]
+REPLICAS = ("gov-a", "gov-b")
+MODEL = "gov-model"
+WARMUP_S = 20.0  # a fresh engine's first steps are slower and its empty batch refills at once: not measured
 
 
-def default_governor() -> tuple[float, list[int], float]:
-    """The TTFT threshold and ladder of the shipped ``ttft-slo`` policy, and ``itl-slo``'s ITL threshold."""
+def shipped_governor() -> tuple[ThresholdCondition, list[int], float]:
+    """The shipped ``itl-slo`` governor's condition and ladder, and ``ttft-slo``'s TTFT threshold."""
     policies = {p.name: p for p in load_directory()}
-    ttft, itl = policies["ttft-slo"], policies["itl-slo"]
-    assert isinstance(ttft.condition, ThresholdCondition) and isinstance(ttft.action, LowerMaxNumSeqsAction)
-    assert isinstance(itl.condition, ThresholdCondition)
-    return ttft.condition.threshold, sorted(set(ttft.action.ladder or [256]), reverse=True), itl.condition.threshold
+    itl, ttft = policies["itl-slo"], policies["ttft-slo"]
+    assert isinstance(itl.condition, ThresholdCondition) and isinstance(itl.action, LowerMaxNumSeqsAction)
+    assert isinstance(ttft.condition, ThresholdCondition)
+    return itl.condition, sorted(set(itl.action.ladder or [256]), reverse=True), ttft.condition.threshold
 
 
-def sweep(load: tuple[float, int, int, int], ladder: list[int], slo: float, itl_slo: float,
-          duration: float) -> dict[str, Any]:
+def sweep(load: Load, ladder: list[int], slo: float, ttft_slo: float, duration: float) -> dict[str, Any]:
     util, streams, prompt, output = load
     rows = []
     for seqs in ladder:
         r = run_virtual_load(H100_LLAMA_8B, max_num_seqs=seqs, concurrency=streams, prompt_tokens=prompt,
                              output_tokens=output, duration=duration, gpu_memory_utilization=util)
         rows.append({"max_num_seqs": seqs, "tokens_per_s": r.tokens_per_s, "ttft_p99_s": r.ttft_p99,
-                     "itl_p99_s": r.itl_p99, "preemptions": r.preemptions, "meets_slo": r.ttft_p99 <= slo,
-                     "meets_itl_slo": r.itl_p99 <= itl_slo})
+                     "itl_p99_s": r.itl_p99, "preemptions": r.preemptions, "meets_slo": r.itl_p99 <= slo,
+                     "meets_ttft_slo": r.ttft_p99 <= ttft_slo})
     top = next(r for r in rows if r["max_num_seqs"] == max(ladder))
-    meeting = [r for r in rows if r["meets_slo"]]
-    best = max(meeting, key=lambda r: r["tokens_per_s"]) if meeting else None
-    # What a governor on inter-token latency (itl-slo's threshold; it alerts today) would have to settle on.
-    itl_best = max((r for r in rows if r["meets_itl_slo"]), key=lambda r: r["tokens_per_s"], default=None)
+    best = max((r for r in rows if r["meets_slo"]), key=lambda r: r["tokens_per_s"], default=None)
     return {"gpu_memory_utilization": util, "streams": streams, "prompt_tokens": prompt, "output_tokens": output,
             "rows": rows, "top_misses_slo": not top["meets_slo"],
             "best_static": best["max_num_seqs"] if best else None,
             "best_static_tokens_per_s": best["tokens_per_s"] if best else None,
+            "best_vs_top": best["tokens_per_s"] / top["tokens_per_s"] if best else None,
             "qualifies": (not top["meets_slo"]) and best is not None,
-            "itl": {"top_misses": not top["meets_itl_slo"],
-                    "best_static": itl_best["max_num_seqs"] if itl_best else None,
-                    "throughput_vs_top": itl_best["tokens_per_s"] / top["tokens_per_s"] if itl_best else None}}
+            "ttft_fixed_by_lowering": top["ttft_p99_s"] > ttft_slo and any(r["meets_ttft_slo"] for r in rows)}
+
+
+def policy_dir(dest: Path, for_seconds: float | None) -> Path | None:
+    """The shipped itl-slo with its ``for:`` cut (it replaces the default by name); None to ship it as is."""
+    if for_seconds is None:
+        return None
+    dest.mkdir(parents=True, exist_ok=True)
+    data = yaml.safe_load((DEFAULTS_DIR / "itl-slo.yaml").read_text())
+    data["condition"]["for"] = f"{for_seconds:g}s"
+    (dest / "itl-slo.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return dest
+
+
+def fleet_run(tmp: Path, load: Load, value: int, seconds: float, server: dict[str, Any]) -> dict[str, Any]:
+    """Two replicas at ``value`` under ``load`` for ``seconds``; every agent reading, the actions, the load."""
+    util, streams, prompt, output = load
+    sim = ["--sim-startup-seconds", "1", "--gpu-memory-utilization", f"{util:g}", "--max-num-seqs", str(value)]
+    replicas = [Replica(name, args=sim, gpu=i, model=MODEL) for i, name in enumerate(REPLICAS)]
+    for r in replicas:
+        r.extra = {"warmup": {"requests": 2, "settle_count": 0}, "drain_timeout": 5, "stop_timeout": 5,
+                   "shutdown_timeout": 2}
+    with Processes(tmp / "logs") as procs:
+        fleet = Fleet.start(tmp, procs, replicas, server=server, agent={"canary_every": 5, "canary_timeout": 10})
+        fleet.wait_all_ready()
+        watch = ReplicaWatch(fleet.agent, list(REPLICAS)).start()
+        spec = LoadSpec(urls=[f"http://127.0.0.1:{r.port}" for r in replicas], concurrency=streams * len(replicas),
+                        duration=0, prompt_tokens=prompt, max_tokens=output, model=MODEL, request_timeout=120)
+        with BackgroundLoad(spec) as background:
+            time.sleep(seconds)
+            summary = background.stop()
+        ticks = watch.stop()
+        actions = [{k: a.get(k) for k in ("id", "policy", "kind", "target", "state", "created_at", "outcome")}
+                   | {"max_num_seqs": a["params"].get("max_num_seqs")} for a in fleet.actions()]
+    series = [[round(t.t, 1), {n: [r.state[:1], r.max_num_seqs, None if r.itl_p99_s is None else round(r.itl_p99_s, 4)]
+                               for n, r in t.replicas.items()}] for t in ticks]
+    return {"ticks": ticks, "series": series, "actions": sorted(actions, key=lambda a: a["id"]),
+            "load": {k: summary.get(k) for k in ("requests_ok", "requests_failed", "requests_cut_off")}}
+
+
+def governed(tmp: Path, load: Load, args: argparse.Namespace, cond: ThresholdCondition) -> dict[str, Any]:
+    server: dict[str, Any] = {"policy_interval_seconds": 1.0}
+    if args.canary_window is not None:
+        server["canary_window_seconds"] = args.canary_window
+    if (cut := policy_dir(tmp / "policies", args.policy_for)) is not None:
+        server["policy_dir"] = str(cut)
+    run = fleet_run(tmp, load, 256, args.governed_seconds, server)
+    names, ticks = list(REPLICAS), run.pop("ticks")
+    window = args.policy_for or cond.for_  # the SLO is read over the policy's own (possibly cut) for:
+    first, for_good = slo_met(ticks, names, cond.threshold, window, cond.min_share)
+    # Settled: from the last restart plus the warm-up the static run skips too, or the start of the window in
+    # which the SLO was first met for good, whichever is later.
+    settled_from = max(last_restart(ticks, names) + WARMUP_S, (for_good or 0.0) - window)
+    end = ticks[-1].t if ticks else 0.0
+    return {"seconds": args.governed_seconds, "slo_window_s": window, "slo_first_met_s": first,
+            "slo_met_s": for_good,
+            "settled_values": final_values(ticks, names), "settled_from_s": settled_from,
+            "settled_span_s": end - settled_from,
+            "throughput_settled": throughput(ticks, names, settled_from),
+            "breach_share_settled": breach_share(ticks, names, cond.threshold, settled_from),
+            "throughput_at_256": throughput([t for t in ticks if t.t <= 60], names, 15.0),
+            **run}
+
+
+def static(tmp: Path, load: Load, value: int, seconds: float) -> dict[str, Any]:
+    run = fleet_run(tmp, load, value, seconds, {"policy_defaults": False, "policy_interval_seconds": 1.0})
+    ticks = run.pop("ticks")
+    warm = min(WARMUP_S, seconds / 3)
+    cond = shipped_governor()[0]
+    _, for_good = slo_met(ticks, list(REPLICAS), cond.threshold, min(cond.for_, seconds - warm), cond.min_share)
+    return {"value": value, "seconds": seconds, "measured_from_s": warm,
+            "throughput": throughput(ticks, list(REPLICAS), warm), "slo_met_s": for_good,
+            "breach_share": breach_share(ticks, list(REPLICAS), cond.threshold, warm), **run}
+
+
+def print_sweep(res: dict[str, Any], slo: float, ttft_slo: float, duration: float) -> None:
+    print(f"\n--gpu-memory-utilization {res['gpu_memory_utilization']}, {res['streams']} streams x "
+          f"{res['prompt_tokens']}+{res['output_tokens']} tokens, {duration:g} s virtual clock")
+    print(table(["max_num_seqs", "tokens/s", "ITL p99", "TTFT p99", "preempt", f"ITL<={slo:g}s",
+                 f"TTFT<={ttft_slo:g}s"],
+                [[str(r["max_num_seqs"]), f"{r['tokens_per_s']:.0f}", fmt(r["itl_p99_s"] * 1000, " ms"),
+                  fmt(r["ttft_p99_s"], " s", 2), str(r["preemptions"]), "yes" if r["meets_slo"] else "no",
+                  "yes" if r["meets_ttft_slo"] else "no"] for r in res["rows"]]))
+    verdict = ("256 meets the ITL SLO: nothing to govern" if not res["top_misses_slo"] else
+               f"256 misses; best static that meets it: {res['best_static']} ({res['best_static_tokens_per_s']:.0f} "
+               f"tokens/s, {res['best_vs_top']:.0%} of 256's)" if res["qualifies"] else
+               "256 misses and no lower value meets it")
+    print(f"verdict: {verdict}", flush=True)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="two loads, 30 virtual seconds each")
-    p.add_argument("--duration", type=float, default=60.0, help="virtual seconds per point")
+    p.add_argument("--quick", action="store_true", help="one load, short runs, for: and canary window cut")
+    p.add_argument("--duration", type=float, default=60.0, help="virtual seconds per sweep point")
+    p.add_argument("--governed-seconds", type=float, default=360.0)
+    p.add_argument("--static-seconds", type=float, default=150.0)
+    p.add_argument("--policy-for", type=float, default=None, help="cut itl-slo's for: to this many seconds")
+    p.add_argument("--canary-window", type=float, default=None, help="the server's canary_window_seconds")
+    p.add_argument("--no-real", action="store_true", help="the sweep only")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "governor.json")
     args = p.parse_args()
-    loads = QUICK_LOADS if args.quick else LOADS
-    duration = 30.0 if args.quick else args.duration
-    slo, ladder, itl_slo = default_governor()
+    loads, duration = (QUICK_LOADS, 30.0) if args.quick else (LOADS, args.duration)
+    if args.quick:
+        args.governed_seconds, args.static_seconds = 150.0, 45.0
+        args.policy_for = 30.0 if args.policy_for is None else args.policy_for
+        args.canary_window = 40.0 if args.canary_window is None else args.canary_window
+    cond, ladder, ttft_slo = shipped_governor()
+    slo = cond.threshold
     started = time.monotonic()
-    results = []
-    for load in loads:
-        res = sweep(load, ladder, slo, itl_slo, duration)
-        results.append(res)
-        print(f"\n--gpu-memory-utilization {res['gpu_memory_utilization']}, {res['streams']} streams x "
-              f"{res['prompt_tokens']}+{res['output_tokens']} tokens, {duration:g} s virtual clock")
-        print(table(["max_num_seqs", "tokens/s", "TTFT p99", "ITL p99", "preempt", f"TTFT<={slo:g}s",
-                     f"ITL<={itl_slo:g}s"],
-                    [[str(r["max_num_seqs"]), f"{r['tokens_per_s']:.0f}", fmt(r["ttft_p99_s"], " s", 2),
-                      fmt(r["itl_p99_s"] * 1000, " ms"), str(r["preemptions"]), "yes" if r["meets_slo"] else "no",
-                      "yes" if r["meets_itl_slo"] else "no"] for r in res["rows"]]))
-        verdict = ("256 meets the SLO: nothing to govern" if not res["top_misses_slo"] else
-                   f"256 misses; best static that meets it: {res['best_static']} "
-                   f"({res['best_static_tokens_per_s']:.0f} tokens/s)" if res["qualifies"] else
-                   "256 misses and no lower value meets it: lowering cannot restore TTFT here")
-        print(f"verdict: {verdict}", flush=True)
-        itl = res["itl"]
-        if itl["top_misses"] and itl["best_static"] is not None:
-            print(f"on ITL p99 <= {itl_slo:g} s instead: best static {itl['best_static']}, "
-                  f"{itl['throughput_vs_top']:.0%} of 256's throughput", flush=True)
+    results = [sweep(load, ladder, slo, ttft_slo, duration) for load in loads]
+    for res in results:
+        print_sweep(res, slo, ttft_slo, duration)
     qualifying = [r for r in results if r["qualifies"]]
-    print(f"\n{len(qualifying)} of {len(results)} loads qualify for a governed run (256 misses TTFT p99 <= "
-          f"{slo:g} s and a lower static value meets it); sweep took {time.monotonic() - started:.0f} s "
-          f"(virtual clock: no host contention in these figures)")
-    write_json(args.out, "governor", {
-        "settings": {"slo_ttft_p99_s": slo, "slo_itl_p99_s": itl_slo, "ladder": ladder, "duration_virtual_s": duration,
-                     "profile": H100_LLAMA_8B.name, "clock": "virtual (enginesim.virtual_load)"},
-        "qualifying_loads": len(qualifying), "loads": results,
-        "median_best_static_tokens_per_s": median([r["best_static_tokens_per_s"] for r in qualifying])})
+    print(f"\n{len(qualifying)} of {len(results)} loads qualify (256 misses ITL p99 <= {slo:g} s, a lower static "
+          f"value meets it); {sum(r['ttft_fixed_by_lowering'] for r in results)} where lowering fixes a TTFT "
+          f"breach; sweep took {time.monotonic() - started:.0f} s", flush=True)
+    doc: dict[str, Any] = {
+        "settings": {"slo_itl_p99_s": slo, "slo_ttft_p99_s": ttft_slo, "ladder": ladder,
+                     "duration_virtual_s": duration, "profile": H100_LLAMA_8B.name, "quick": args.quick,
+                     "policy_for_s": args.policy_for or "shipped", "canary_window_s": args.canary_window or "server "
+                     "default", "governed_seconds": args.governed_seconds, "static_seconds": args.static_seconds},
+        "qualifying_loads": len(qualifying), "loads": results}
+    if qualifying and not args.no_real:
+        chosen = qualifying[0]
+        load: Load = (chosen["gpu_memory_utilization"], chosen["streams"], chosen["prompt_tokens"],
+                      chosen["output_tokens"])
+        cut = (f"itl-slo for: {args.policy_for:g} s (CUT)" if args.policy_for is not None else "itl-slo as shipped")
+        cut += f", canary window {args.canary_window:g} s (CUT)" if args.canary_window is not None else ""
+        print(f"\ngoverned run: 2 replicas at 256, load {load} per replica, {args.governed_seconds:g} s; {cut}",
+              flush=True)
+        with tempfile.TemporaryDirectory(prefix="bench-gov-") as tmp:
+            gov = governed(Path(tmp), load, args, cond)
+        best = int(chosen["best_static"])
+        print(f"static run: 2 replicas at {best}, same load, {args.static_seconds:g} s", flush=True)
+        with tempfile.TemporaryDirectory(prefix="bench-static-") as tmp:
+            ref = static(Path(tmp), load, best, args.static_seconds)
+        ratio = (gov["throughput_settled"] / ref["throughput"]
+                 if gov["throughput_settled"] and ref["throughput"] else None)
+        doc["real"] = {"load": load, "policies": cut, "governed": gov, "static": ref, "throughput_ratio": ratio}
+        for a in gov["actions"]:
+            print(f"  action {a['id']}: {a['policy']} {a['kind']} {a['target']} -> {a['max_num_seqs']} "
+                  f"[{a['state']}] {a['outcome'] or ''}")
+        print(table(["", "SLO met (for good)", "value", "tokens/s (settled)", "readings > SLO", "vs best static"],
+                    [["governed", fmt(gov["slo_met_s"], " s"), str(gov["settled_values"]),
+                      fmt(gov["throughput_settled"], "", 0), fmt((gov["breach_share_settled"] or 0) * 100, " %"),
+                      fmt(ratio * 100 if ratio else None, " %", 0)],
+                     [f"static {best}", fmt(ref["slo_met_s"], " s"), str(best), fmt(ref["throughput"], "", 0),
+                      fmt((ref["breach_share"] or 0) * 100, " %"), ""]]))
+        print(f"first met at {fmt(gov['slo_first_met_s'], ' s')}; settled span {gov['settled_span_s']:.0f} s; "
+              f"256 before the governor: {fmt(gov['throughput_at_256'], ' tokens/s', 0)}; {host_note()}")
+    write_json(args.out, "governor", doc)
     print(f"wrote {args.out}")
     return 0
 

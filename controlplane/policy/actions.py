@@ -61,6 +61,13 @@ class LowerMaxNumSeqsAction(_Action):
     min: int = Field(default=8, ge=1)
     # Explicit values to step through instead of multiplying by factor (any order; sorted when used).
     ladder: list[int] | None = Field(default=None, min_length=1)
+    # ``ladder``: one rung (or factor) down per breach. ``proportional``: jump to the largest value the
+    # measured latency and running batch predict will meet threshold * headroom (see governor.py).
+    step: Literal["ladder", "proportional"] = "ladder"
+    headroom: float = Field(default=0.8, gt=0, le=1)
+    # Lowering trades throughput for latency: a lowered replica whose throughput fell more than this below
+    # its peers' is not lowered further (an alert instead), and a canary is judged against it.
+    max_throughput_drop: float | None = Field(default=None, gt=0, lt=1)
     canary: bool = True
     # What the engine runs when its arguments carry no --max-num-seqs (vLLM's default depends on the GPU).
     assumed_default: int = Field(default=256, ge=1)

@@ -21,13 +21,20 @@ class _Condition(BaseModel):
 
 
 class ThresholdCondition(_Condition):
-    """A signal on the other side of a threshold in every sample of the last ``for``."""
+    """A signal on the other side of a threshold in every sample of the last ``for`` (or in ``min_share`` of
+    them).
+
+    ``min_share`` is for bursty per-scrape percentiles: with closed-loop traffic, prefill bursts make the
+    agent's per-window ITL p99 jump above the threshold for a few seconds in every ten and sit far below it in
+    between, so "every sample" never holds while the p99 over a minute is well over the threshold.
+    """
 
     detector: Literal["threshold"] = "threshold"
     signal: Signal
     op: Op
     threshold: float
     for_: Duration = Field(alias="for", gt=0)
+    min_share: float = Field(default=1.0, gt=0, le=1)
 
 
 class ErrorRateCondition(_Condition):

@@ -5,11 +5,36 @@ arguments. Lowering goes to one replica first; once that canary has met the SLO 
 duration, its value is promoted to the model's other breaching replicas. Raising waits until the SLO has
 been met with margin for longer (``raise.for``) and never returns to a value that broke the SLO within
 ``raise.remember`` — so the fleet settles on the largest value that meets the SLO instead of oscillating.
+
+How far to lower (``step``):
+
+- ``ladder``: the next rung down (or ``current * factor``), one per breach.
+- ``proportional``: decode inter-token latency grows roughly linearly with the running batch (each step
+  costs a fixed part plus a part per sequence, and the prefills that stall decode steps come from the
+  sequences that finish), so from the breaching replica's measured latency ``L`` and its mean running batch
+  ``B`` over the condition's window, the batch predicted to meet ``threshold * headroom`` is
+  ``B * threshold * headroom / L``. ``L`` is the breach as it stands: the median of the readings beyond the
+  threshold in the last half of the window (a surge's first seconds, every stream prefilling at once,
+  overstate the steady level). The new value is the largest rung at or below the prediction, always at least
+  one rung below the current value and never below ``min``. The line through the origin overestimates how
+  much a smaller batch helps when the fixed part is large; ``headroom`` absorbs that, an undershoot is
+  recovered by the raise path, and a breach that remains is judged again from the new value. Without a
+  running batch reading it falls back to one rung.
+
+What lowering costs is watched too: with ``max_throughput_drop`` set, a replica already below its peers whose
+generation throughput is more than that fraction below theirs is not lowered further (an alert says the SLO
+needs capacity, not a smaller batch) and its value is not promoted; the same figure bounds the canary's
+throughput when it is judged. TTFT is not a brake: a smaller batch under load moves queueing into TTFT by
+design, and ``ttft-slo`` alerts on it.
+
+A condition with ``min_share`` below 1 (bursty per-scrape percentiles) breaches when that share of the
+readings over ``for`` is beyond the threshold, and counts as met when fewer are.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -52,6 +77,61 @@ def raise_value(current: int, action: LowerMaxNumSeqsAction, maximum: int) -> in
     return new if new > current else None
 
 
+def batch_target(samples: Sequence[ReplicaSample], signal: str, threshold: float, headroom: float,
+                 now: datetime, seconds: float) -> float | None:
+    """The running batch predicted to bring ``signal`` to ``threshold * headroom`` (latency ~ batch).
+
+    The latency modelled is the breach as it stands: the median of the readings beyond the threshold in the
+    last half of the window (all of the window's when that half has none), since a surge's first seconds
+    (every stream prefilling at once) overstate the steady level; the batch is the mean running one over
+    the window. None when the samples carry no latency or running-batch reading to model from.
+    """
+    pairs = [(s.at, float(v), float(s.requests_running)) for s in samples
+             if (v := getattr(s, signal)) is not None and s.requests_running is not None]
+    if not pairs:
+        return None
+    half = now - timedelta(seconds=seconds / 2)
+    beyond = [v for at, v, _ in pairs if v > threshold and at >= half] or [v for _, v, _ in pairs if v > threshold]
+    latency = statistics.median(beyond or [v for _, v, _ in pairs])
+    batch = sum(b for _, _, b in pairs) / len(pairs)
+    if latency <= 0 or batch <= 0:
+        return None
+    return batch * threshold * headroom / latency
+
+
+def proportional_value(current: int, action: LowerMaxNumSeqsAction, target: float | None) -> int | None:
+    """The largest rung at or below ``target``, at least one step below ``current``, never below min."""
+    one_step = lower_value(current, action)
+    if one_step is None or target is None:
+        return one_step
+    if action.ladder:
+        fits = [v for v in sorted(set(action.ladder)) if v <= target]
+        new = fits[-1] if fits else action.min
+    else:
+        new = math.floor(target)
+    return max(min(new, one_step), action.min)
+
+
+def _recent(samples: Sequence[ReplicaSample], now: datetime, seconds: float) -> list[ReplicaSample]:
+    since = now - timedelta(seconds=seconds)
+    return [s for s in samples if since <= s.at <= now]
+
+
+def throughput_ratio(replica: Replica, peers: Sequence[Replica], cur: dict[str, int], seconds: float,
+                     now: datetime) -> float | None:
+    """The replica's generation throughput over the last ``seconds`` against its peers at higher values."""
+    def mean(samples: Sequence[ReplicaSample]) -> float | None:
+        values = [s.generation_tokens_per_second for s in samples if s.generation_tokens_per_second is not None]
+        return sum(values) / len(values) if values else None
+
+    higher = [p for p in peers if p.serving and cur[p.key] > cur[replica.key]]
+    mine = mean(_recent(at_value(replica, cur[replica.key]), now, seconds))
+    theirs = mean([s for p in higher for s in _recent(at_value(p, cur[p.key]), now, seconds)])
+    if mine is None or theirs is None or theirs <= 0:
+        return None
+    return mine / theirs
+
+
 def current_value(replica: Replica, action: LowerMaxNumSeqsAction) -> int:
     return replica.max_num_seqs or action.assumed_default
 
@@ -59,6 +139,24 @@ def current_value(replica: Replica, action: LowerMaxNumSeqsAction) -> int:
 def at_value(replica: Replica, value: int) -> list[ReplicaSample]:
     """History read while the engine ran with ``value`` (samples of an older value say nothing about it)."""
     return [s for s in replica.history if s.max_num_seqs in (None, value)]
+
+
+def _broke(samples: Sequence[ReplicaSample], cond: ThresholdCondition) -> bool:
+    """Whether the condition held over some ``for``-long stretch of these samples."""
+    if cond.min_share >= 1:
+        return _longest_breach(samples, cond) >= cond.for_
+    known = [(s.at, OPS[cond.op](float(v), cond.threshold)) for s in samples
+             if (v := getattr(s, cond.signal)) is not None]
+    start, beyond = 0, 0
+    for end, (at, hit) in enumerate(known):  # a sliding window of ``for`` seconds ending at each sample
+        beyond += hit
+        while (at - known[start][0]).total_seconds() > cond.for_:
+            beyond -= known[start][1]
+            start += 1
+        spans = start > 0 or (at - known[0][0]).total_seconds() >= cond.for_
+        if spans and beyond >= cond.min_share * (end - start + 1):
+            return True
+    return False
 
 
 def _longest_breach(samples: Sequence[ReplicaSample], cond: ThresholdCondition) -> float:
@@ -81,19 +179,25 @@ def breach_ceiling(replicas: Sequence[Replica], cond: ThresholdCondition, rememb
         values = {s.max_num_seqs for s in replica.history if s.max_num_seqs is not None and s.at >= since}
         for value in values:
             samples = [s for s in replica.history if s.max_num_seqs == value and since <= s.at <= now]
-            if _longest_breach(samples, cond) >= cond.for_:
+            if _broke(samples, cond):
                 bad.append(value)
     return min(bad) if bad else None
 
 
 def _change(policy: Policy, kind: str, replicas: Sequence[Replica], value: int, previous: int, reason: str,
             findings: list[Finding], target: Target) -> ProposedAction:
+    params: dict[str, object] = {"max_num_seqs": value, "previous": previous,
+                                 "engine_args": {r.key: set_flag(r.engine_args, FLAG, str(value)) for r in replicas}}
+    if isinstance(policy.condition, ThresholdCondition):
+        # What the canary is judged on: the governed signal (TTFT is expected to rise when the batch shrinks
+        # under load; ttft-slo alerts on it), and how much throughput a lowering may cost.
+        params["judge"] = {"latencies": [policy.condition.signal],
+                           "max_throughput_drop": getattr(policy.action, "max_throughput_drop", None)}
     return ProposedAction(
         policy=policy.name,
         kind="lower_max_num_seqs" if kind == "lower" else "raise_max_num_seqs",
         target=target,
-        params={"max_num_seqs": value, "previous": previous,
-                "engine_args": {r.key: set_flag(r.engine_args, FLAG, str(value)) for r in replicas}},
+        params=params,
         replicas=[r.key for r in replicas],
         model=replicas[0].model,
         reason=reason,
@@ -129,8 +233,10 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
     top = max(cur[b.key] for b in breaching)
     lower = [r for r in replicas if r not in breaching and cur[r.key] < top]
     inverse = _INVERSE[cond.op]
-    proven = [r for r in lower if r.serving
-              and signal_holds(at_value(r, cur[r.key]), now, cond.signal, inverse, cond.threshold, cond.for_)]
+    # Proven: met the SLO for the condition's duration without costing more throughput than allowed (a
+    # canary that did is rolled back by its judge, and its value must not be promoted meanwhile).
+    proven = [r for r in lower if r.serving and _met(at_value(r, cur[r.key]), now, cond, inverse)
+              and _throughput_drop(r, replicas, cur, cond, action, now) is None]
     if proven:
         value = max(cur[r.key] for r in proven)
         promote = [b for b in breaching if cur[b.key] > value]
@@ -152,11 +258,18 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
         # Values above the lowest breaching one are known bad: deepen there, one replica at a time.
         lowest = min(cur[b.key] for b in rest)
         rest = [_worst([b for b in rest if cur[b.key] == lowest], cond, findings)]
-    candidates = rest
-    for replica in candidates:
+    for replica in rest:
         finding = findings[replica.key]
         assert finding is not None
-        new = lower_value(cur[replica.key], action)
+        drop = _throughput_drop(replica, replicas, cur, cond, action, now)
+        if drop is not None:
+            out.append(ProposedAction(
+                policy=policy.name, kind="alert", target=_replica_target(replica),
+                params={"severity": "warning"}, model=replica.model, findings=[finding],
+                reason=f"{finding.summary}; not lowering max-num-seqs below {cur[replica.key]}: {drop}",
+                runbook_url=policy.runbook_url))
+            continue
+        new = _next_lower(replica, cur[replica.key], cond, action, now)
         if new is None:
             out.append(ProposedAction(
                 policy=policy.name, kind="alert", target=_replica_target(replica),
@@ -170,6 +283,38 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
             f"{finding.summary}: lower max-num-seqs {cur[replica.key]} -> {new} ({how})",
             [finding], _replica_target(replica)))
     return out
+
+
+def _next_lower(replica: Replica, current: int, cond: ThresholdCondition, action: LowerMaxNumSeqsAction,
+                now: datetime) -> int | None:
+    if action.step == "ladder":
+        return lower_value(current, action)
+    window = _recent(at_value(replica, current), now, cond.for_)
+    target = batch_target(window, cond.signal, cond.threshold, action.headroom, now, cond.for_)
+    return proportional_value(current, action, target)
+
+
+def _met(samples: list[ReplicaSample], now: datetime, cond: ThresholdCondition, inverse: Op) -> bool:
+    """The SLO met over the condition's duration: every sample (a share condition: under its share beyond)."""
+    if cond.min_share >= 1:
+        return signal_holds(samples, now, cond.signal, inverse, cond.threshold, cond.for_) is not None
+    run = covering(samples, now, cond.for_)
+    if run is None:
+        return False
+    known = [float(v) for s in run if (v := getattr(s, cond.signal)) is not None]
+    return bool(known) and sum(1 for v in known if OPS[cond.op](v, cond.threshold)) < cond.min_share * len(known)
+
+
+def _throughput_drop(replica: Replica, replicas: Sequence[Replica], cur: dict[str, int], cond: ThresholdCondition,
+                     action: LowerMaxNumSeqsAction, now: datetime) -> str | None:
+    """Why lowering ``replica`` further costs too much throughput, or None."""
+    if action.max_throughput_drop is None:
+        return None
+    ratio = throughput_ratio(replica, [r for r in replicas if r is not replica], cur, cond.for_, now)
+    if ratio is None or ratio >= 1 - action.max_throughput_drop:
+        return None
+    return (f"its generation throughput is already {1 - ratio:.0%} below its peers' at higher values (allowed "
+            f"{action.max_throughput_drop:.0%}): the SLO needs capacity, not a smaller batch")
 
 
 def _worst(rest: list[Replica], cond: ThresholdCondition, findings: dict[str, Finding | None]) -> Replica:

@@ -12,6 +12,8 @@ from controlplane.policy.durations import Duration
 from controlplane.policy.snapshot import Replica
 
 POLICY_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
+# Signals the governor's proportional step can model: per-token decode latency, which grows with the batch.
+BATCH_LATENCIES = frozenset({"itl_p50_seconds", "itl_p95_seconds", "itl_p99_seconds"})
 
 
 class _Spec(BaseModel):
@@ -69,4 +71,10 @@ class Policy(_Spec):
             isinstance(self.condition, ThresholdCondition) and self.condition.op in (">", ">=")
         ):
             raise ValueError("action lower_max_num_seqs needs a threshold condition with op '>' or '>='")
+        if (isinstance(self.action, LowerMaxNumSeqsAction) and self.action.step == "proportional"
+                and isinstance(self.condition, ThresholdCondition) and self.condition.signal not in BATCH_LATENCIES):
+            # The proportional model is "decode latency grows with the running batch": true of inter-token
+            # latency, not of TTFT (queueing) or anything else.
+            raise ValueError(f"step proportional models inter-token latency; use it with a condition on "
+                             f"{', '.join(sorted(BATCH_LATENCIES))} (got {self.condition.signal}), or step ladder")
         return self

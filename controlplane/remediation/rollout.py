@@ -6,8 +6,9 @@ calls ``advance``: when the current batch reports READY at its new generation th
 model's disruption budget still holds without it (drain -> stop -> start -> warm -> READY is the agent's).
 
 A canary (a governed ``--max-num-seqs`` change on one replica with peers) first converges on its own, then
-runs beside its peers for ``canary_window``; ``canary.judge_canary`` compares them, and the value is rolled to
-the peers one at a time (pass) or the canary gets its previous arguments back (fail -> ``rolled_back``).
+runs beside its peers for ``canary_window``; ``canary.judge_canary`` compares them over the window's second
+half (the first is the canary's warm-up under load), and the value is rolled to the peers one at a time
+(pass) or the canary gets its previous arguments back (fail -> ``rolled_back``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from agent.wire import ReplicaState
 from controlplane.fleet.desired import DesiredChange, set_desired
 from controlplane.policy.engine_args import set_flag
 from controlplane.policy.guardrails import GuardConfig
-from controlplane.remediation.canary import judge_canary
+from controlplane.remediation.canary import LATENCIES, judge_canary
 from controlplane.store.models import ActionRow, Replica, Sample
 
 FLAG = "--max-num-seqs"
@@ -147,8 +148,16 @@ def _judge(session: Session, row: ActionRow, plan: dict[str, Any], now: datetime
     # A lone replica has no peers to compare with: its own SLO is the governor's to judge, next round.
     if peers and now - ready_at < settings.canary_window:
         return None
-    verdict = judge_canary(_window(session, key, ready_at), [_window(session, _key(p), ready_at) for p in peers],
-                           settings.max_latency_regression, settings.max_throughput_drop)
+    # The governor says what the change is judged on (its signal, the throughput a lowering may cost).
+    judge: dict[str, Any] = row.params.get("judge") or {}
+    latencies = judge.get("latencies") or LATENCIES
+    drop = judge.get("max_throughput_drop")
+    # Judged on the second half of the window: in the first, the canary warms up under live load (a fresh
+    # engine's first steps are slower, and its empty batch refills all at once), which is not its steady state.
+    since = ready_at + settings.canary_window / 2
+    verdict = judge_canary(_window(session, key, since), [_window(session, _key(p), since) for p in peers],
+                           settings.max_latency_regression,
+                           settings.max_throughput_drop if drop is None else float(drop), latencies)
     plan["canary_verdict"] = {"verdict": verdict.verdict, "reason": verdict.reason, "figures": verdict.figures}
     if verdict.verdict == "wait":
         return None

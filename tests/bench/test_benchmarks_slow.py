@@ -48,8 +48,10 @@ def test_fault_to_action_pitstop_acts_before_the_stock_pipeline_alerts(tmp_path:
         m = doc["medians"][fault]
         assert m["pitstop_action_s"] is not None and m["baseline_s"] is not None, (fault, doc["runs"])
         assert 0 < m["pitstop_action_s"] < m["baseline_s"], (fault, m)
-    # The wedged replica is restarted, not only reported.
+    # The wedged replica is restarted, not only reported; a TTFT breach is a load problem: it pages.
     assert doc["runs"][0]["stall"]["pitstop_action"]["kind"] == "restart"
+    assert doc["runs"][0]["ttft"]["pitstop_action"]["kind"] == "alert"
+    assert doc["runs"][0]["ttft"]["pitstop_action"]["policy"] == "ttft-slo"
     assert doc["medians"]["stall"]["pitstop_agent_acted_s"] is not None
 
 
@@ -71,15 +73,22 @@ def test_leak_is_caught_before_exhaustion_and_flat_memory_never_is(tmp_path: Pat
     assert doc["false_positives"]["evaluations"] > 200
 
 
-@pytest.mark.timeout(300)
-def test_governor_sweep_covers_the_shipped_ladder_and_finds_the_breach(tmp_path: Path) -> None:
-    doc = run_quick("governor.py", tmp_path / "gov.json")
+@pytest.mark.timeout(480)
+def test_governor_meets_the_itl_slo_on_real_processes_by_lowering_max_num_seqs(tmp_path: Path) -> None:
+    doc = run_quick("governor.py", tmp_path / "gov.json", timeout=460)
     ladder = doc["settings"]["ladder"]
     assert ladder[0] == 256 and ladder[-1] == 16
-    for load in doc["loads"]:
-        assert [r["max_num_seqs"] for r in load["rows"]] == ladder
-    # 256 streams on the default memory share: 256 sequences miss TTFT p99 <= 500 ms (queueing, prefill).
-    big = next(x for x in doc["loads"] if x["gpu_memory_utilization"] == 0.9 and x["streams"] == 256)
-    assert big["top_misses_slo"]
-    # Fewer sequences, faster steps: inter-token latency falls down the ladder.
-    assert big["rows"][-1]["itl_p99_s"] < big["rows"][0]["itl_p99_s"]
+    [load] = doc["loads"]
+    assert [r["max_num_seqs"] for r in load["rows"]] == ladder
+    # The sweep: 256 misses ITL p99 <= 200 ms, a lower static value meets it, and lowering fixes no TTFT.
+    assert load["qualifies"] and load["best_static"] < 256 and not load["ttft_fixed_by_lowering"]
+    real = doc["real"]
+    assert "CUT" in real["policies"]  # quick mode cuts for: and the canary window, and says so
+    gov = real["governed"]
+    lowered = [a for a in gov["actions"] if a["kind"] == "lower_max_num_seqs"]
+    assert lowered and lowered[0]["policy"] == "itl-slo" and lowered[0]["max_num_seqs"] < 256, gov["actions"]
+    assert all(a["kind"] == "alert" for a in gov["actions"] if a["policy"] == "ttft-slo")
+    # Both replicas end below 256 and the SLO, read the policy's way, was met on both.
+    assert all(v is not None and v < 256 for v in gov["settled_values"].values()), gov
+    assert gov["slo_first_met_s"] is not None, gov
+    assert real["static"]["throughput"] and gov["throughput_settled"], real

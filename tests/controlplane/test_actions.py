@@ -120,13 +120,13 @@ def test_proposed_actions_are_approved_or_rejected_by_an_operator(c: TestClient)
     ids = []
     with session_scope(ctx.sessions) as session:
         for name in ("r0", "r1"):
-            proposal = ProposedAction(policy="ttft-slo", kind="restart", reason="TTFT p99 above 0.5s",
+            proposal = ProposedAction(policy="itl-slo", kind="restart", reason="ITL p99 above 0.2s",
                                       target=Target(kind="replica", node="gpu-a", replica=name, model="tiny-llama"),
                                       replicas=[f"gpu-a/{name}"], model="tiny-llama")
-            ids.append(record_decision(session=session, now=ctx.clock(), requested_by="policy:ttft-slo",
-                                       policy="ttft-slo", decision=Decision(action=proposal,
+            ids.append(record_decision(session=session, now=ctx.clock(), requested_by="policy:itl-slo",
+                                       policy="itl-slo", decision=Decision(action=proposal,
                                                                             verdict=Verdict.AWAITING_APPROVAL)).id)
-    assert [a["id"] for a in c.get("/v1/actions?state=proposed&policy=ttft-slo", headers=OPS).json()] == ids[::-1]
+    assert [a["id"] for a in c.get("/v1/actions?state=proposed&policy=itl-slo", headers=OPS).json()] == ids[::-1]
     assert c.post(f"/v1/actions/{ids[0]}/approve", headers={"Authorization": "Bearer look"}).status_code == 403
     approved = c.post(f"/v1/actions/{ids[0]}/approve", headers=OPS).json()
     assert approved["state"] == "running" and approved["approved_by"] == "config:operator-0"

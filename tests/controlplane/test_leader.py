@@ -68,11 +68,11 @@ def test_two_executors_apply_each_action_exactly_once(postgres_url: str, clock) 
         sessions = [make_sessionmaker(e) for e in engines]
         with session_scope(sessions[0]) as session:
             for n in names:
-                proposal = ProposedAction(policy="ttft-slo", kind="restart", reason="slow", model=models[n],
+                proposal = ProposedAction(policy="itl-slo", kind="restart", reason="slow", model=models[n],
                                           target=Target(kind="replica", node="gpu-a", replica=n),
                                           replicas=[f"gpu-a/{n}"])
                 record_decision(session=session, decision=Decision(action=proposal, verdict=Verdict.ALLOWED),
-                                now=clock(), requested_by="policy:ttft-slo", policy="ttft-slo")
+                                now=clock(), requested_by="policy:itl-slo", policy="itl-slo")
         applied: list[list[int]] = [[], []]
         start = threading.Barrier(2)
 

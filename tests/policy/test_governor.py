@@ -1,10 +1,12 @@
 from controlplane.policy.actions import LowerMaxNumSeqsAction
 from controlplane.policy.evaluate import evaluate_policy
-from controlplane.policy.governor import lower_value, raise_value
+from controlplane.policy.governor import lower_value, proportional_value, raise_value
 from controlplane.policy.loader import load_directory
 from tests.policy.series import fleet, healthy, replica
 
-TTFT = next(p for p in load_directory() if p.name == "ttft-slo")
+SHIPPED = next(p for p in load_directory() if p.name == "itl-slo")
+# The canary, promotion and raise mechanics, one rung per breach (the ladder step): easy to follow by hand.
+ITL = SHIPPED.model_copy(update={"action": SHIPPED.action.model_copy(update={"step": "ladder"})})
 ARGS = ["--model", "/models/llama", "--max-num-seqs"]
 
 
@@ -12,12 +14,12 @@ def rep(name: str, value: int, history):
     return replica(name=name, args=[*ARGS, str(value)], history=history)
 
 
-def breaching(value: int, start: float, duration: float, ttft: float = 0.9):
-    return healthy(duration, start=start, ttft_p99_seconds=ttft, max_num_seqs=value)
+def breaching(value: int, start: float, duration: float, itl: float = 0.3, running: float = 12.0, **over):
+    return healthy(duration, start=start, itl_p99_seconds=itl, requests_running=running, max_num_seqs=value, **over)
 
 
-def fine(value: int, start: float, duration: float, ttft: float = 0.2):
-    return healthy(duration, start=start, ttft_p99_seconds=ttft, max_num_seqs=value)
+def fine(value: int, start: float, duration: float, itl: float = 0.05, **over):
+    return healthy(duration, start=start, itl_p99_seconds=itl, max_num_seqs=value, **over)
 
 
 def test_steps_follow_the_ladder_or_the_factor_and_respect_min_and_max():
@@ -35,9 +37,9 @@ def test_steps_follow_the_ladder_or_the_factor_and_respect_min_and_max():
 
 def test_pressure_lowers_one_canary_replica_the_worst_one():
     reps = [rep("r1", 256, fine(256, 0, 300) + breaching(256, 310, 120)),
-            rep("r2", 256, fine(256, 0, 300) + breaching(256, 310, 120, ttft=1.4)),
+            rep("r2", 256, fine(256, 0, 300) + breaching(256, 310, 120, itl=0.45)),
             rep("r3", 256, fine(256, 0, 300) + breaching(256, 310, 120))]
-    actions = evaluate_policy(TTFT, fleet(430, reps), fleet(430, reps).now)
+    actions = evaluate_policy(ITL, fleet(430, reps), fleet(430, reps).now)
     assert len(actions) == 1
     act = actions[0]
     assert act.kind == "lower_max_num_seqs" and act.target.key == "replica:n1/r2"
@@ -52,7 +54,7 @@ def test_while_the_canary_proves_itself_nothing_else_moves():
             rep("r2", 192, breaching(256, 0, 300) + fine(192, 400, 30)),
             rep("r3", 256, breaching(256, 0, 430))]
     snap = fleet(430, reps)
-    assert evaluate_policy(TTFT, snap, snap.now) == []
+    assert evaluate_policy(ITL, snap, snap.now) == []
 
 
 def test_a_proven_canary_value_is_promoted_to_the_other_breaching_replicas():
@@ -60,7 +62,7 @@ def test_a_proven_canary_value_is_promoted_to_the_other_breaching_replicas():
             rep("r2", 192, breaching(256, 0, 300) + fine(192, 400, 200)),
             rep("r3", 256, breaching(256, 0, 600))]
     snap = fleet(600, reps)
-    [act] = evaluate_policy(TTFT, snap, snap.now)
+    [act] = evaluate_policy(ITL, snap, snap.now)
     assert act.target.key == "model:llama-8b" and act.params["max_num_seqs"] == 192
     assert act.replicas == ["n1/r1", "n1/r3"]
     assert "promote canary value 192" in act.reason
@@ -71,46 +73,46 @@ def test_a_canary_still_breaching_goes_deeper_not_another_replica():
             rep("r2", 192, breaching(256, 0, 300) + breaching(192, 400, 200)),
             rep("r3", 256, breaching(256, 0, 600))]
     snap = fleet(600, reps)
-    [act] = evaluate_policy(TTFT, snap, snap.now)
+    [act] = evaluate_policy(ITL, snap, snap.now)
     assert act.target.key == "replica:n1/r2" and act.params["max_num_seqs"] == 128
 
 
 def test_at_the_floor_the_governor_alerts_instead():
     reps = [rep("r1", 16, breaching(16, 0, 300))]
     snap = fleet(300, reps)
-    [act] = evaluate_policy(TTFT, snap, snap.now)
+    [act] = evaluate_policy(ITL, snap, snap.now)
     assert act.kind == "alert" and "floor" in act.reason
 
 
 def test_raise_waits_for_the_slo_met_with_margin_for_the_longer_duration():
     early = fleet(600, [rep("r1", 128, fine(128, 0, 600)), rep("r2", 128, fine(128, 0, 600))])
-    assert evaluate_policy(TTFT, early, early.now) == []  # 10 min of good data < raise.for 15 min
+    assert evaluate_policy(ITL, early, early.now) == []  # 10 min of good data < raise.for 15 min
     later = fleet(1000, [rep("r1", 128, fine(128, 0, 1000)), rep("r2", 128, fine(128, 0, 1000))])
-    [act] = evaluate_policy(TTFT, later, later.now)
+    [act] = evaluate_policy(ITL, later, later.now)
     assert act.kind == "raise_max_num_seqs" and act.params["max_num_seqs"] == 192
     assert act.target.key == "replica:n1/r1"  # one replica at a time
 
 
 def test_inside_the_dead_band_nothing_moves():
-    # Under the 500 ms SLO but above the 350 ms raise margin: neither lower nor raise.
-    snap = fleet(3000, [rep("r1", 128, fine(128, 0, 3000, ttft=0.42))])
-    assert evaluate_policy(TTFT, snap, snap.now) == []
+    # Under the 200 ms SLO but above the 140 ms raise margin: neither lower nor raise.
+    snap = fleet(3000, [rep("r1", 128, fine(128, 0, 3000, itl=0.17))])
+    assert evaluate_policy(ITL, snap, snap.now) == []
 
 
 def test_the_fleet_settles_below_a_value_that_broke_the_slo_recently():
     # 192 broke the SLO 20 minutes ago; 128 has been comfortable since: stay at 128.
     history = breaching(192, 0, 300) + fine(128, 400, 1800)
     snap = fleet(2200, [rep("r1", 128, history)])
-    assert evaluate_policy(TTFT, snap, snap.now) == []
+    assert evaluate_policy(ITL, snap, snap.now) == []
     # An hour later the memory has faded and 192 may be tried again.
     history += fine(128, 2210, 3600)
     later = fleet(5810, [rep("r1", 128, history)])
-    [act] = evaluate_policy(TTFT, later, later.now)
+    [act] = evaluate_policy(ITL, later, later.now)
     assert act.kind == "raise_max_num_seqs" and act.params["max_num_seqs"] == 192
 
 
 def test_without_canary_every_breaching_replica_is_lowered_on_its_own():
-    policy = TTFT.model_copy(update={"action": TTFT.action.model_copy(update={"canary": False})})
+    policy = ITL.model_copy(update={"action": ITL.action.model_copy(update={"canary": False})})
     reps = [rep("r1", 256, breaching(256, 0, 300)), rep("r2", 128, breaching(128, 0, 300)),
             rep("r3", 256, fine(256, 0, 300))]
     snap = fleet(300, reps)
@@ -120,7 +122,7 @@ def test_without_canary_every_breaching_replica_is_lowered_on_its_own():
 
 def test_engine_without_the_flag_is_taken_at_the_assumed_default():
     snap = fleet(300, [replica("r1", args=["--model", "m"], history=breaching(256, 0, 300))])
-    [act] = evaluate_policy(TTFT, snap, snap.now)
+    [act] = evaluate_policy(ITL, snap, snap.now)
     assert act.params["previous"] == 256 and act.params["engine_args"]["n1/r1"] == ["--model", "m",
                                                                                   "--max-num-seqs", "192"]
 
@@ -131,14 +133,133 @@ def test_no_second_canary_while_the_first_one_restarts():
     reps = [rep(f"r{i}", 256, breaching(256, 0, 430)) for i in range(1, 6)]
     reps[1] = replica("r2", args=[*ARGS, "192"], history=breaching(256, 0, 400), state=ReplicaState.WARMING)
     snap = fleet(430, reps)
-    assert evaluate_policy(TTFT, snap, snap.now) == []
+    assert evaluate_policy(ITL, snap, snap.now) == []
 
 
 def test_no_raise_while_a_replica_is_still_proving_its_last_change():
     settled = fine(128, 0, 1200)
     just_raised = fine(128, 0, 1150) + fine(192, 1180, 20)  # 20 s at 192: not yet a minute
     snap = fleet(1200, [rep("r1", 128, settled), rep("r2", 192, just_raised)])
-    assert evaluate_policy(TTFT, snap, snap.now) == []
+    assert evaluate_policy(ITL, snap, snap.now) == []
     later = fleet(1260, [rep("r1", 128, fine(128, 0, 1260)), rep("r2", 192, just_raised + fine(192, 1210, 50))])
-    [act] = evaluate_policy(TTFT, later, later.now)
+    [act] = evaluate_policy(ITL, later, later.now)
     assert act.kind == "raise_max_num_seqs" and act.target.key == "replica:n1/r1"
+
+
+# -- the proportional step (the shipped itl-slo) ------------------------------------------------------------
+
+def test_proportional_step_jumps_to_the_rung_the_measured_itl_and_batch_predict():
+    # 128 sequences running at 300 ms ITL p99: 200 ms x 0.7 headroom predicts a batch of 60 -> rung 48,
+    # in one restart instead of 256 -> 192 -> 128 -> 96 -> 64 -> 48 over five canary windows.
+    reps = [rep("r1", 256, breaching(256, 0, 120, itl=0.3, running=128)),
+            rep("r2", 256, breaching(256, 0, 120, itl=0.3, running=128))]
+    snap = fleet(120, reps)
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    assert act.kind == "lower_max_num_seqs" and act.params["previous"] == 256
+    assert act.params["max_num_seqs"] == 48
+    assert act.params["judge"] == {"latencies": ["itl_p99_seconds"], "max_throughput_drop": 0.35}
+
+
+def test_proportional_step_goes_at_least_one_rung_and_never_below_min():
+    no_headroom = SHIPPED.model_copy(update={"action": SHIPPED.action.model_copy(update={"headroom": 1.0})})
+    just_over = [rep("r1", 256, breaching(256, 0, 120, itl=0.201, running=256))]
+    snap = fleet(120, just_over)
+    assert evaluate_policy(no_headroom, snap, snap.now)[0].params["max_num_seqs"] == 192  # predicted 255: a rung
+    far_over = [rep("r1", 256, breaching(256, 0, 120, itl=5.0, running=256))]
+    snap = fleet(120, far_over)
+    assert evaluate_policy(SHIPPED, snap, snap.now)[0].params["max_num_seqs"] == 16  # predicted 9: the floor
+
+
+def test_proportional_step_without_a_running_batch_takes_one_rung():
+    snap = fleet(120, [rep("r1", 256, breaching(256, 0, 120, itl=0.6, running=None))])
+    assert evaluate_policy(SHIPPED, snap, snap.now)[0].params["max_num_seqs"] == 192
+
+
+def test_proportional_value_off_ladder_uses_the_prediction_itself():
+    by_factor = LowerMaxNumSeqsAction(kind="lower_max_num_seqs", factor=0.5, min=8, step="proportional")
+    assert proportional_value(256, by_factor, 70.4) == 70
+    assert proportional_value(256, by_factor, 200.0) == 128  # at least one factor step down
+    assert proportional_value(16, by_factor, 3.0) == 8
+
+
+def test_a_canary_still_breaching_is_lowered_again_from_its_own_measurement():
+    reps = [rep("r1", 256, breaching(256, 0, 600, running=128)),
+            rep("r2", 64, breaching(256, 0, 300, running=128) + breaching(64, 400, 200, itl=0.22, running=64))]
+    snap = fleet(600, reps)
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    assert act.target.key == "replica:n1/r2" and act.params["max_num_seqs"] == 32  # 64 x 0.14 / 0.22 = 41
+
+
+def test_a_canary_that_lost_too_much_throughput_is_not_lowered_further():
+    # r2 at 48 still breaches but makes 55 % of r1's tokens: a smaller batch would cost more than the
+    # policy allows (35 %), so the governor warns instead of restarting it again.
+    reps = [rep("r1", 256, breaching(256, 0, 600, running=128, generation_tokens_per_second=3000.0)),
+            rep("r2", 48, breaching(256, 0, 300, running=128, generation_tokens_per_second=3000.0)
+                + breaching(48, 400, 200, itl=0.21, running=48, generation_tokens_per_second=1650.0))]
+    snap = fleet(600, reps)
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    assert act.kind == "alert" and act.target.key == "replica:n1/r2"
+    assert "45% below its peers" in act.reason and "capacity" in act.reason
+    # The same replica at 80 % of its peers' throughput is lowered further.
+    reps[1] = rep("r2", 48, breaching(256, 0, 300, running=128, generation_tokens_per_second=3000.0)
+                  + breaching(48, 400, 200, itl=0.21, running=48, generation_tokens_per_second=2400.0))
+    snap = fleet(600, reps)
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    assert act.kind == "lower_max_num_seqs" and act.params["max_num_seqs"] == 32
+
+
+def test_a_ttft_breach_alerts_and_leaves_max_num_seqs_alone():
+    ttft = next(p for p in load_directory() if p.name == "ttft-slo")
+    reps = [rep("r1", 256, healthy(120, ttft_p99_seconds=1.8, requests_waiting=40.0, max_num_seqs=256)),
+            rep("r2", 256, healthy(120, ttft_p99_seconds=0.2, max_num_seqs=256))]
+    snap = fleet(120, reps)
+    [act] = evaluate_policy(ttft, snap, snap.now)
+    assert act.kind == "alert" and act.target.key == "replica:n1/r1"
+    assert act.params["severity"] == "warning" and act.runbook_url == "runbooks/ttft-slo.md"
+    assert act.findings[0].evidence and "ttft_p99_seconds > 0.5" in act.reason
+    # And the governor does not act on TTFT: the same fleet is quiet for itl-slo.
+    assert evaluate_policy(SHIPPED, snap, snap.now) == []
+
+
+def test_a_bursty_itl_breaches_on_its_share_of_readings_and_is_modelled_at_its_bursts():
+    # Prefill bursts: the per-scrape ITL p99 is 300 ms in one reading of five and 50 ms otherwise.
+    def bursty(t: float) -> float:
+        return 0.3 if (t // 10) % 5 == 0 else 0.05
+
+    reps = [rep("r1", 256, healthy(120, itl_p99_seconds=bursty, requests_running=128.0, max_num_seqs=256)),
+            rep("r2", 256, healthy(120, itl_p99_seconds=bursty, requests_running=128.0, max_num_seqs=256))]
+    snap = fleet(120, reps)
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    assert "in 1 of 7 samples" in act.reason
+    assert act.params["max_num_seqs"] == 48  # the bursts' 300 ms, not the mean's 100 ms, is what is modelled
+    every = SHIPPED.model_copy(update={"condition": SHIPPED.condition.model_copy(update={"min_share": 1.0})})
+    assert evaluate_policy(every, snap, snap.now) == []  # "in every reading" never holds on a bursty signal
+    calm = [rep("r1", 48, healthy(120, interval=5.0, itl_p99_seconds=lambda t: 0.3 if t == 90 else 0.05,
+                                  max_num_seqs=48))]
+    snap = fleet(120, calm)
+    assert evaluate_policy(SHIPPED, snap, snap.now) == []  # one spike in 13 readings is under the 10 % share
+
+
+def test_a_surges_first_seconds_do_not_set_the_step():
+    # Every stream prefilling at once: 700 ms until t=90, then the steady level: bursts of 300 ms.
+    def surge(t: float) -> float:
+        return 0.7 if t < 90 else (0.3 if t == 100 else 0.05)
+
+    snap = fleet(120, [rep(r, 256, healthy(120, itl_p99_seconds=surge, requests_running=128.0, max_num_seqs=256))
+                       for r in ("r1", "r2")])
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    assert act.params["max_num_seqs"] == 48  # from the steady 300 ms: 60; from the surge's 700 ms it would be 16
+
+
+def test_a_canary_value_that_cost_too_much_throughput_is_not_promoted():
+    # r2 meets the SLO at 16 but makes a third of r1's tokens: its judge rolls it back; never promote it.
+    reps = [rep("r1", 256, breaching(256, 0, 600, running=128, generation_tokens_per_second=3000.0)),
+            rep("r2", 16, breaching(256, 0, 300, running=128, generation_tokens_per_second=3000.0)
+                + fine(16, 400, 200, generation_tokens_per_second=1000.0))]
+    snap = fleet(600, reps)
+    assert [a for a in evaluate_policy(SHIPPED, snap, snap.now) if a.target.key == "model:llama-8b"] == []
+    reps[1] = rep("r2", 48, breaching(256, 0, 300, running=128, generation_tokens_per_second=3000.0)
+                  + fine(48, 400, 200, generation_tokens_per_second=2200.0))
+    snap = fleet(600, reps)
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    assert act.target.key == "model:llama-8b" and act.params["max_num_seqs"] == 48

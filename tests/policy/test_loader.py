@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.policy.actions import LowerMaxNumSeqsAction
+from controlplane.policy.actions import AlertAction, LowerMaxNumSeqsAction
 from controlplane.policy.conditions import ThresholdCondition
 from controlplane.policy.durations import parse_duration
 from controlplane.policy.loader import DEFAULTS_DIR, PolicyLoadError, load_directory, load_files
@@ -101,8 +101,30 @@ def test_default_policy_set_loads_and_each_has_a_runbook():
     assert len(list(DEFAULTS_DIR.glob("*.yaml"))) == len(policies)
 
 
-def test_default_ttft_slo_is_the_governor_the_brief_describes():
-    ttft = next(p for p in load_directory() if p.name == "ttft-slo")
+def test_default_itl_slo_is_the_governor_and_ttft_slo_alerts():
+    policies = {p.name: p for p in load_directory()}
+    itl, ttft = policies["itl-slo"], policies["ttft-slo"]
+    assert isinstance(itl.condition, ThresholdCondition) and itl.condition.signal == "itl_p99_seconds"
+    assert itl.condition.threshold == 0.2 and itl.condition.for_ == 60
+    assert isinstance(itl.action, LowerMaxNumSeqsAction) and itl.action.canary and itl.action.raise_ is not None
+    assert itl.action.step == "proportional" and itl.action.max_throughput_drop == 0.35
     assert isinstance(ttft.condition, ThresholdCondition) and ttft.condition.threshold == 0.5
-    assert ttft.condition.for_ == 60
-    assert isinstance(ttft.action, LowerMaxNumSeqsAction) and ttft.action.canary and ttft.action.raise_ is not None
+    assert isinstance(ttft.action, AlertAction) and ttft.action.severity == "warning"
+    # Exactly one policy governs --max-num-seqs, so two never fight over it.
+    assert [p.name for p in policies.values() if isinstance(p.action, LowerMaxNumSeqsAction)] == ["itl-slo"]
+
+
+def test_proportional_step_is_only_for_inter_token_latency(tmp_path):
+    text = ("name: x\ncondition: {signal: ttft_p99_seconds, op: '>', threshold: 0.5, for: 1m}\n"
+            "action: {kind: lower_max_num_seqs, step: proportional}\n")
+    path, errors = errors_of(tmp_path, text)
+    assert "step proportional models inter-token latency" in errors[0].message
+    assert "ttft_p99_seconds" in errors[0].message and errors[0].file == str(path)
+
+
+def test_unknown_step_names_its_line(tmp_path):
+    text = ("name: x\ncondition: {signal: itl_p99_seconds, op: '>', threshold: 0.2, for: 1m}\naction:\n"
+            "  kind: lower_max_num_seqs\n  step: halve\n  headroom: 1.5\n")
+    _, errors = errors_of(tmp_path, text)
+    assert [(e.line, e.field) for e in errors] == [(5, "action.step"), (6, "action.headroom")]
+    assert "'halve'" in errors[0].message

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 FLOWS: list[Callable[[Path], None]] = [
     test_loop.test_a_stalled_replica_is_restarted_with_its_log_tail_kept_and_succeeds_when_ready,
-    test_loop.test_a_ttft_breach_lowers_max_num_seqs_on_a_canary_then_rolls_it_to_the_peers,
+    test_loop.test_an_itl_breach_lowers_max_num_seqs_on_a_canary_then_rolls_it_to_the_peers,
     test_loop.test_a_canary_worse_than_its_peers_is_rolled_back,
     test_loop.test_a_hardware_xid_cordons_the_node_and_pages_until_an_operator_uncordons,
     test_guarded_flows.test_failures_trip_the_breaker_until_an_operator_resets_it,

@@ -28,21 +28,39 @@ def signal_holds(samples: list[ReplicaSample], now: datetime, signal: str, op: O
     return held_for(samples, now, seconds, holds)
 
 
-def detect_threshold(cond: ThresholdCondition, replica: Replica, now: datetime,
-                     samples: list[ReplicaSample] | None = None) -> Finding | None:
-    """A finding when the condition's signal was beyond its threshold for the whole duration."""
-    history = replica.history if samples is None else samples
-    run = signal_holds(history, now, cond.signal, cond.op, cond.threshold, cond.for_)
+def signal_share_holds(samples: list[ReplicaSample], now: datetime, signal: str, op: Op, threshold: float,
+                       seconds: float, share: float) -> list[ReplicaSample] | None:
+    """The covering samples when ``signal op threshold`` held in at least ``share`` of them over ``seconds``
+    (samples without a reading do not count either way); ``share`` 1 is ``signal_holds``."""
+    if share >= 1:
+        return signal_holds(samples, now, signal, op, threshold, seconds)
+    run = covering(samples, now, seconds)
     if run is None:
         return None
-    values = [float(getattr(s, cond.signal)) for s in run]
+    known = [float(v) for s in run if (v := getattr(s, signal)) is not None]
+    beyond = sum(1 for v in known if OPS[op](v, threshold))
+    return run if known and beyond >= share * len(known) else None
+
+
+def detect_threshold(cond: ThresholdCondition, replica: Replica, now: datetime,
+                     samples: list[ReplicaSample] | None = None) -> Finding | None:
+    """A finding when the condition's signal was beyond its threshold for the whole duration (in
+    ``min_share`` of the samples over it)."""
+    history = replica.history if samples is None else samples
+    run = signal_share_holds(history, now, cond.signal, cond.op, cond.threshold, cond.for_, cond.min_share)
+    if run is None:
+        return None
+    values = [float(v) for s in run if (v := getattr(s, cond.signal)) is not None]
     latest = values[-1]
+    beyond = sum(1 for v in values if OPS[cond.op](v, cond.threshold))
+    share = "" if cond.min_share >= 1 else f" in {beyond} of {len(values)} samples"
     return Finding(
         detector="threshold",
         subject=replica.key,
-        summary=f"{cond.signal} {cond.op} {cond.threshold:g} for {format_duration(cond.for_)} "
+        summary=f"{cond.signal} {cond.op} {cond.threshold:g}{share} for {format_duration(cond.for_)} "
         f"(now {latest:.4g}, worst {max(values) if cond.op[0] == '>' else min(values):.4g})",
-        measured={"latest": latest, "max": max(values), "min": min(values), "samples": len(run)},
+        measured={"latest": latest, "max": max(values), "min": min(values), "samples": len(run),
+                  "beyond": beyond},
         evidence=evidence_of(run, [cond.signal]),
     )
 
