@@ -137,7 +137,7 @@ class NodeReport(_Wire):
     memory_total_bytes: int | None = Field(default=None, ge=0)
     sent_at: datetime
     # Increases by one per report; lets the control plane drop duplicates and out-of-order retries.
-    sequence: int = Field(ge=0)
+    sequence: int = Field(ge=0, le=2**63 - 1)  # stored as a 64-bit integer
     gpus: list[GpuSample] = Field(default_factory=list, max_length=64)
     replicas: list[ReplicaStatus] = Field(default_factory=list, max_length=64)
     events: list[ReplicaEvent] = Field(default_factory=list, max_length=1000)

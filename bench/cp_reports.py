@@ -258,9 +258,9 @@ async def drive(base: str, agents: int, gpus: int, replicas: int, interval: floa
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.5
     rounds = max(1, int(duration / interval))
-    # Sequence numbers from the wall clock (ms): they keep rising across calls, as one agent's would.
-    epoch_ms = int(time.time() * 1000) - int(loop.time() * 1000)
-    schedule = sorted((due, i, epoch_ms + int(due * 1000)) for r in range(rounds) for i in range(agents)
+    # Sequence numbers from the loop's clock (ms since it started): they keep rising across calls, as one
+    # agent's counter would.
+    schedule = sorted((due, i, int(due * 1000)) for r in range(rounds) for i in range(agents)
                       if (due := start + r * interval + interval * i / agents))
 
     async def send(due: float, i: int, seq: int) -> None:

@@ -15,6 +15,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import signal
 from collections.abc import Callable
 from datetime import UTC, datetime
 from multiprocessing.sharedctypes import Synchronized
@@ -33,7 +34,8 @@ class PolicyProcess:
     def __init__(self, config: ServerConfig, *, on_round: Callable[[float], None] = lambda _: None,
                  log_level: str = "info") -> None:
         self._on_round = on_round
-        self._leader: Synchronized[int] = _SPAWN.Value("b", 0)
+        # A lock-free byte: written by the election job, read by the policy process each round.
+        self._leader: Synchronized[int] = _SPAWN.RawValue("b", 0)
         self._poke = _SPAWN.Event()
         self._stop = _SPAWN.Event()
         self._rounds: multiprocessing.Queue[float] = _SPAWN.Queue()
@@ -69,14 +71,22 @@ class PolicyProcess:
             return
         self._process.join(timeout)
         if self._process.is_alive():
-            self._process.terminate()
+            self._process.kill()  # it ignores SIGTERM (see worker_main)
             self._process.join(timeout)
 
 
 def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int], poke: Event, stop: Event,
                 rounds: multiprocessing.Queue[float], parent: int) -> None:
-    """The policy process: a round every ``policy_interval_seconds`` and after pokes, while the parent leads."""
+    """The policy process: a round every ``policy_interval_seconds`` and after pokes, while the parent leads.
+
+    It ignores SIGINT and SIGTERM: a Ctrl-C or a stop signal to the process group is the API process's to
+    handle, which then stops this one in order; one killed mid-wait could leave a shared lock taken and hang
+    the API process's shutdown. It also ends when the API process is gone.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s policy: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     from controlplane.heap import HeapFreezer
     from controlplane.rounds import PolicyRounds
     from controlplane.store.db import make_engine, make_sessionmaker

@@ -42,7 +42,7 @@ class Node(Base):
     first_seen_at: Mapped[datetime]
     last_report_at: Mapped[datetime]  # control-plane clock: staleness never depends on the agent's clock
     last_sent_at: Mapped[datetime]  # agent clock, only compared with itself (sequence resets)
-    last_sequence: Mapped[int]
+    last_sequence: Mapped[int] = mapped_column(BigInteger)
     reports_total: Mapped[int] = mapped_column(default=0)
     status: Mapped[str] = mapped_column(String(16), default="up")
     cordoned: Mapped[bool] = mapped_column(default=False)

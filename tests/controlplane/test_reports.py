@@ -88,3 +88,12 @@ def test_openapi_documents_the_report_body(client: TestClient) -> None:
     assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/NodeReport")
     assert "ReplicaStatus" in spec["components"]["schemas"]
     assert client.get("/docs").status_code == 200
+
+
+def test_any_sequence_the_wire_accepts_is_stored(client: TestClient) -> None:
+    # A 64-bit counter fits (on PostgreSQL the column once was 32-bit: a 500); beyond it is a 422, not a crash.
+    big = body(report(sequence=2**40))
+    assert client.post("/v1/agents/gpu-a/report", json=big).status_code == 200
+    assert client.get("/v1/nodes/gpu-a").json()["last_sequence"] == 2**40
+    too_big = {**big, "sequence": 2**63}
+    assert client.post("/v1/agents/gpu-a/report", json=too_big).status_code == 422
