@@ -1,4 +1,4 @@
-"""Each benchmark of issue 5 in its ``--quick`` mode, end to end: real processes, a JSON result, the figures."""
+"""Each benchmark of issues 4 and 5 in its ``--quick`` mode, end to end: real processes, a JSON result, the figures."""
 
 from __future__ import annotations
 
@@ -92,3 +92,14 @@ def test_governor_meets_the_itl_slo_on_real_processes_by_lowering_max_num_seqs(t
     assert all(v is not None and v < 256 for v in gov["settled_values"].values()), gov
     assert gov["slo_first_met_s"] is not None, gov
     assert real["static"]["throughput"] and gov["throughput_settled"], real
+
+
+@pytest.mark.timeout(300)
+def test_control_plane_benchmark_keeps_up_and_times_its_rounds(tmp_path: Path) -> None:
+    doc = run_quick("cp_reports.py", tmp_path / "cp.json")
+    [run] = doc["runs"]
+    assert run["errors"] == 0 and run["late"] == 0, run
+    assert run["reports"] == 150 and run["seeded_rows"] == 50 * 16 * 24  # 2 minutes of history at 5 s
+    # The policy process ran rounds during the load and the standalone pass saw the whole fleet.
+    assert run["server_rounds"] >= 1 and run["replicas"] == 400, run
+    assert run["warm_pass_s"] < run["cold_pass_s"] or run["cold_pass_s"] < 1, run

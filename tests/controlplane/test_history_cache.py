@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import insert
@@ -42,13 +43,17 @@ def test_incremental_rounds_see_what_a_full_read_sees(client: TestClient, clock:
     assert len(cache) == 6 * 3
 
 
-def test_a_row_that_commits_after_a_larger_id_still_lands(client: TestClient, clock: FakeClock) -> None:
-    # PostgreSQL hands out ids before commit: a slow report's rows can appear after a quicker one's.
-    ctx = client.app.state.pitstop  # type: ignore[attr-defined]
-    cache = SampleHistory(timedelta(minutes=5))
+def _three_reports(client: TestClient, clock: FakeClock) -> tuple[Any, SampleHistory]:
+    """Three reports 10 s apart, the clock at 30 s, and an empty five-minute cache."""
     for i in range(3):
         _post(client, i)
     clock.now = T0 + timedelta(seconds=30)
+    return client.app.state.pitstop, SampleHistory(timedelta(minutes=5))  # type: ignore[attr-defined]
+
+
+def test_a_row_that_commits_after_a_larger_id_still_lands(client: TestClient, clock: FakeClock) -> None:
+    # PostgreSQL hands out ids before commit: a slow report's rows can appear after a quicker one's.
+    ctx, cache = _three_reports(client, clock)
     with session_scope(ctx.sessions) as session:
         cache.refresh(session, clock.now)
         top = max(session.scalars(Sample.__table__.select().with_only_columns(Sample.id)).all())
@@ -70,11 +75,7 @@ def test_a_row_that_commits_after_a_larger_id_still_lands(client: TestClient, cl
 
 
 def test_a_new_leader_term_reads_the_window_afresh(client: TestClient, clock: FakeClock) -> None:
-    ctx = client.app.state.pitstop  # type: ignore[attr-defined]
-    cache = SampleHistory(timedelta(minutes=5))
-    for i in range(3):
-        _post(client, i)
-    clock.now = T0 + timedelta(seconds=30)
+    ctx, cache = _three_reports(client, clock)
     with session_scope(ctx.sessions) as session:
         assert cache.refresh(session, clock.now) == 9
         cache.clear()
