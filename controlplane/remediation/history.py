@@ -152,8 +152,5 @@ class SampleHistory:
     def gpu(self, node: str, index: int, since: datetime) -> list[GpuReading]:
         return self._window((node, "gpu", str(index)), since)
 
-    def subjects(self) -> Iterable[Key]:
-        return self._series.keys()
-
     def __len__(self) -> int:
         return sum(len(s) for s in self._series.values())
