@@ -41,7 +41,7 @@ from datetime import datetime, timedelta
 from agent.wire import ReplicaState
 from controlplane.policy.actions import LowerMaxNumSeqsAction
 from controlplane.policy.conditions import Op, ThresholdCondition
-from controlplane.policy.detectors.findings import Finding, covering, evidence_of
+from controlplane.policy.detectors.findings import Finding, covering, evidence_of, since
 from controlplane.policy.detectors.slo import OPS, detect_threshold, signal_holds
 from controlplane.policy.durations import format_duration
 from controlplane.policy.engine_args import set_flag
@@ -113,8 +113,7 @@ def proportional_value(current: int, action: LowerMaxNumSeqsAction, target: floa
 
 
 def _recent(samples: Sequence[ReplicaSample], now: datetime, seconds: float) -> list[ReplicaSample]:
-    since = now - timedelta(seconds=seconds)
-    return [s for s in samples if since <= s.at <= now]
+    return list(since(samples, now - timedelta(seconds=seconds), now))
 
 
 def throughput_ratio(replica: Replica, peers: Sequence[Replica], cur: dict[str, int], seconds: float,
