@@ -150,12 +150,18 @@ def test_a_hardware_xid_cordons_the_node_and_pages_until_an_operator_uncordons(t
         assert not agent.desired.cordoned
 
 
-def test_a_steady_rss_leak_schedules_a_planned_restart(tmp_path: Path) -> None:
+def _rss_leak_policy(tmp_path: Path, limit_bytes: int) -> Path:
+    """A policy folder with only an rss-leak policy (10 min window) against ``limit_bytes``."""
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "rss-leak.yaml").write_text(
-        "name: rss-leak\ncondition: {detector: leak, resource: rss, min_window: 10m, limit_bytes: 8589934592}\n"
+        f"name: rss-leak\ncondition: {{detector: leak, resource: rss, min_window: 10m, limit_bytes: {limit_bytes}}}\n"
         "action: {kind: planned_restart, within: 1h}\n")
+    return policies
+
+
+def test_a_steady_rss_leak_schedules_a_planned_restart(tmp_path: Path) -> None:
+    policies = _rss_leak_policy(tmp_path, limit_bytes=8589934592)
     agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
     with fleet(tmp_path, [agent], policy_dirs=[str(policies)]) as f:
         for _ in range(90):  # 15 minutes, +20 MiB a minute
@@ -237,11 +243,7 @@ def test_a_planned_restart_waits_for_yesterdays_quiet_hour_when_there_is_time(tm
     from controlplane.store.db import make_engine, make_sessionmaker, session_scope
     from controlplane.store.models import Sample
 
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "rss-leak.yaml").write_text(
-        "name: rss-leak\ncondition: {detector: leak, resource: rss, min_window: 10m, limit_bytes: 17179869184}\n"
-        "action: {kind: planned_restart, within: 1h}\n")
+    policies = _rss_leak_policy(tmp_path, limit_bytes=17179869184)
     agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
     # Only this policy: over the hour the default governor would also raise max-num-seqs on the quiet fleet.
     with fleet(tmp_path, [agent], policy_dirs=[str(policies)], policy_defaults=False) as f:
