@@ -148,6 +148,10 @@ class AgentConfig(_Strict):
     # every this many seconds; reported always, ended (SIGTERM, then SIGKILL at the next check) only if asked.
     orphan_check_interval: float = Field(default=30.0, gt=0)
     kill_orphans: bool = False
+    # Stack dumps before a restart the control plane asks to capture (``agent/stackdump.py``): py-spy from this
+    # path, else from PATH or beside the agent's Python; never waited for longer than the timeout.
+    py_spy: Path | None = None
+    stack_dump_timeout: float = Field(default=10.0, gt=0, le=120)
     replicas: list[ReplicaConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")

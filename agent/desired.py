@@ -34,9 +34,9 @@ def plan_wants(desired: DesiredState, current: dict[str, Want]) -> dict[str, Wan
         if now is None:
             continue
         if spec.generation > now.generation:
-            changes[spec.name] = Want(spec.enabled, spec.generation, list(spec.engine_args))
+            changes[spec.name] = Want(spec.enabled, spec.generation, list(spec.engine_args), spec.capture_stack)
         elif spec.generation == now.generation and spec.enabled != now.enabled:
-            changes[spec.name] = Want(spec.enabled, now.generation, list(now.args))
+            changes[spec.name] = Want(spec.enabled, now.generation, list(now.args), now.capture_stack)
     return changes
 
 

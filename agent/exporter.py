@@ -18,6 +18,7 @@ pitstop_gpu_ecc_uncorrected_total      counter    uncorrected ECC errors (volati
 pitstop_gpu_xid_events_total           counter    XID critical errors seen by the agent
 pitstop_gpu_orphan_processes           gauge      processes with memory on the GPU that no replica started
 pitstop_node_cordoned                  gauge      1 while the control plane has cordoned the node
+pitstop_gpu_cordoned                   gauge      1 while the control plane has cordoned the GPU alone
 pitstop_replica_state                  gauge      1 for the replica's current state, 0 for the others
 pitstop_replica_ready                  gauge      1 when READY (or an attached engine answers)
 pitstop_replica_restarts_total         counter    restarts after failures
@@ -61,6 +62,7 @@ class ExportState:
     scrape_errors: dict[str, int] = field(default_factory=dict)
     cordoned: bool = False
     orphans: dict[int, int] = field(default_factory=dict)  # GPU index -> processes no replica started
+    cordoned_gpus: list[int] = field(default_factory=list)
 
 
 GpuValue = Callable[[GpuSample], float | int | None]
@@ -155,6 +157,12 @@ class AgentCollector(Collector):
         for index in sorted({g.index for g in state.gpus} | set(state.orphans)):
             orphans.add_metric([state.node, str(index)], float(state.orphans.get(index, 0)))
         yield orphans
+        cordoned = GaugeMetricFamily("pitstop_gpu_cordoned", "1 while the GPU is cordoned on its own.",
+                                     labels=["node", "gpu"])
+        # A cordoned GPU the backend no longer lists (fallen off the bus) is still shown as cordoned.
+        for index in sorted({g.index for g in state.gpus} | set(state.cordoned_gpus)):
+            cordoned.add_metric([state.node, str(index)], float(index in state.cordoned_gpus))
+        yield cordoned
 
     def _replicas(self, state: ExportState) -> Iterable[Metric]:
         labels = ["node", "replica", "model"]

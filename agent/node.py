@@ -32,6 +32,7 @@ from agent.probes import stream_completion
 from agent.process_tree import ProcessTreeSampler
 from agent.reporter import Reporter, ReportError, report_retry_delay
 from agent.scrape import EngineScraper
+from agent.stackdump import StackDumper, find_py_spy
 from agent.states import utc_now
 from agent.supervisor import ReplicaSupervisor
 from agent.wire import (
@@ -84,12 +85,13 @@ class Agent:
         self.state_dir = config.resolved_state_dir
         self.host_memory_bytes = int(psutil.virtual_memory().total)
         self.replicas: dict[str, Replica] = {}
+        dumper = StackDumper(find_py_spy(config.py_spy), self.node, timeout=config.stack_dump_timeout, wall=wall)
         for spec in config.replicas:
             if spec.managed:
                 env = {"PITSTOP_SIM_GPU_DIR": str(config.sim_gpu_dir)} if spec.engine == "sim" else {}
                 self.replicas[spec.name] = ReplicaSupervisor(spec, client, self.state_dir, config.backoff,
                                                              wall=wall, poll_interval=poll_interval,
-                                                             extra_env=env)
+                                                             extra_env=env, dumper=dumper)
             else:
                 self.replicas[spec.name] = AttachedReplica(spec, client, config.scrape_interval, wall=wall)
         self.scrapers = {name: EngineScraper(scrape_client or client, r.spec.base_url, r.model_name, _loop_time,
@@ -106,6 +108,7 @@ class Agent:
         self._ticks = 0
         self._saved_desired: DesiredState | None = None
         self.cordoned = False
+        self.cordoned_gpus: frozenset[int] = frozenset()
         self._sampled_pid: dict[str, int | None] = {}
         self._process_due: dict[str, float] = {}
         self.orphans = OrphanWatch(kill=config.kill_orphans)
@@ -118,6 +121,7 @@ class Agent:
 
     def export_state(self) -> ExportState:
         return ExportState(node=self.node, gpus=list(self.gpus), replicas=self.statuses(), cordoned=self.cordoned,
+                           cordoned_gpus=sorted(self.cordoned_gpus),
                            orphans=self.orphans.per_gpu(),
                            scrape_errors={n: s.errors_total for n, s in self.scrapers.items()})
 
@@ -128,8 +132,13 @@ class Agent:
             log.info("node %s %s", self.node, "cordoned: draining every replica" if desired.cordoned else
                      "uncordoned")
             self.cordoned = desired.cordoned
+        gpus = frozenset(desired.cordoned_gpus)
+        if gpus != self.cordoned_gpus:
+            log.info("node %s: cordoned GPUs now %s", self.node, sorted(gpus) or "none")
+            self.cordoned_gpus = gpus
         for replica in managed.values():
             replica.set_cordoned(self.cordoned)
+            replica.set_gpu_cordoned(self.cordoned_gpus)
         for name, want in plan_wants(desired, {n: r.want for n, r in managed.items()}).items():
             log.info("replica %s: desired generation %d (enabled=%s, args=%s)", name, want.generation,
                      want.enabled, want.args)
@@ -212,7 +221,9 @@ class Agent:
             protocol_version=PROTOCOL_VERSION, node=self.node, hostname=socket.gethostname(),
             agent_version=__version__, agent_url=f"http://{self.config.host}:{self.bound_port or self.config.port}",
             memory_total_bytes=self.host_memory_bytes,
-            sent_at=self.wall(), sequence=self.sequence, gpus=self.gpus, replicas=self.statuses(),
+            sent_at=self.wall(), sequence=self.sequence, replicas=self.statuses(),
+            gpus=[g.model_copy(update={"cordoned": True}) if g.index in self.cordoned_gpus else g
+                  for g in self.gpus],
             events=events[-MAX_REPORT_EVENTS:])
 
     def _requeue(self, report: NodeReport) -> None:

@@ -24,6 +24,7 @@ from agent.config import BackoffConfig, ReplicaConfig
 from agent.engine_proc import EngineProcess
 from agent.pidfile import PidFile, end_group
 from agent.probes import engine_ready, in_flight, stream_completion
+from agent.stackdump import StackDumper
 from agent.states import RUNNING_STATES, ReplicaMachine, utc_now
 from agent.warmup import warmup_done, warmup_summary
 from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus
@@ -42,6 +43,8 @@ class Want:
     enabled: bool
     generation: int
     args: list[str] = field(default_factory=list)
+    # Dump the running engine's stacks before leaving it for ``generation`` (a restart for a stall).
+    capture_stack: bool = False
 
 
 def served_model_name(model: str, args: list[str]) -> str:
@@ -61,8 +64,10 @@ class ReplicaSupervisor:
 
     def __init__(self, spec: ReplicaConfig, client: httpx.AsyncClient, state_dir: Path, backoff: BackoffConfig,
                  *, wall: Callable[[], datetime] = utc_now, mono: Callable[[], float] | None = None,
-                 poll_interval: float = 0.5, extra_env: dict[str, str] | None = None) -> None:
+                 poll_interval: float = 0.5, extra_env: dict[str, str] | None = None,
+                 dumper: StackDumper | None = None) -> None:
         self.spec = spec
+        self.dumper = dumper
         self.client = client
         self.log_path = state_dir / "logs" / f"{spec.name}.log"
         self.pidfile = PidFile(state_dir / "run" / f"{spec.name}.pid")
@@ -87,6 +92,8 @@ class ReplicaSupervisor:
         self._wake = asyncio.Event()
         self._shutdown = False
         self.cordoned = False
+        self.gpu_cordoned: frozenset[int] = frozenset()  # the cordoned GPUs this replica uses
+        self._dumped_for: int | None = None
 
     # ---- what is wanted -------------------------------------------------------------------------------
     def set_want(self, want: Want) -> None:
@@ -100,12 +107,21 @@ class ReplicaSupervisor:
             self.machine.note("cordon", "node cordoned: draining" if cordoned else "node uncordoned")
             self._wake.set()
 
+    def set_gpu_cordoned(self, cordoned_gpus: frozenset[int]) -> None:
+        """Like a node cordon, for the replicas on a cordoned GPU only: drain, stay stopped, converge back."""
+        mine = frozenset(cordoned_gpus & set(self.spec.gpus))
+        if mine != self.gpu_cordoned:
+            listed = ", ".join(str(g) for g in sorted(mine or self.gpu_cordoned))
+            self.machine.note("cordon", f"GPU {listed} cordoned: draining" if mine else f"GPU {listed} uncordoned")
+            self.gpu_cordoned = mine
+            self._wake.set()
+
     def request_shutdown(self) -> None:
         self._shutdown = True
         self._wake.set()
 
     def _want_running(self) -> bool:
-        return self.want.enabled and not self._shutdown and not self.cordoned
+        return self.want.enabled and not self._shutdown and not self.cordoned and not self.gpu_cordoned
 
     def _interrupted(self) -> bool:
         """The running engine is no longer what is wanted."""
@@ -257,7 +273,19 @@ class ReplicaSupervisor:
         if outcome == "exit":
             await self._failed("engine exited while serving")
         elif self._interrupted():
+            await self._capture_stack()
             await self._drain_and_stop()
+
+    async def _capture_stack(self) -> None:
+        """Before leaving a generation whose restart asks for it, keep the engine's stacks (one dump)."""
+        want = self.want
+        if (self.dumper is None or not want.capture_stack or want.generation <= self.generation
+                or self._dumped_for == want.generation or self.proc is None or self.proc.returncode is not None):
+            return
+        self._dumped_for = want.generation
+        dump = await self.dumper.dump(self.proc.pid)
+        log.info("replica %s: %s", self.spec.name, dump.note)
+        self.machine.note("stack_dump", dump.message)
 
     async def _drain_and_stop(self) -> None:
         # Readiness goes off with READY -> DRAINING, so the load balancer stops sending before SIGTERM

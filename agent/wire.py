@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 PROTOCOL_VERSION = 1
 
@@ -39,7 +40,28 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class GpuSample(_Wire):
+class _Grown(_Wire):
+    """A wire model with fields added after protocol 1, left off the wire while they hold their default.
+
+    Both sides forbid unknown fields, so an agent or control plane that predates a field would refuse every
+    message carrying it; omitted at its default, the message reads the same to both, and the field only
+    travels once it is used (a mixed-version fleet then fails only where the feature is asked for).
+    """
+
+    _added_fields: ClassVar[tuple[str, ...]] = ()
+
+    # No return annotation on purpose: pydantic would take it as the serialized schema, and the API's schema of
+    # these models would become a bare object instead of their fields.
+    @model_serializer(mode="wrap")
+    def _omit_added_defaults(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        data: dict[str, Any] = handler(self)
+        for name in self._added_fields:
+            if not getattr(self, name):  # every added field defaults to False or []
+                data.pop(name, None)
+        return data
+
+
+class GpuSample(_Grown):
     """One GPU's readings at one instant. ``None`` means the backend could not read that field."""
 
     index: int = Field(ge=0, le=1023)
@@ -57,6 +79,10 @@ class GpuSample(_Wire):
     ecc_uncorrected_total: int | None = Field(default=None, ge=0)
     xid_events_total: int = Field(default=0, ge=0)
     last_xid: int | None = None
+    # The control plane has fenced this GPU: the agent keeps the replicas that use it drained and stopped.
+    cordoned: bool = False
+
+    _added_fields = ("cordoned",)
 
 
 class EngineSample(_Wire):
@@ -143,7 +169,7 @@ class NodeReport(_Wire):
     events: list[ReplicaEvent] = Field(default_factory=list, max_length=1000)
 
 
-class ReplicaSpec(_Wire):
+class ReplicaSpec(_Grown):
     """Desired state of one replica: the engine arguments to run and the generation they belong to."""
 
     name: str = Field(pattern=NAME_PATTERN)
@@ -151,14 +177,23 @@ class ReplicaSpec(_Wire):
     engine_args: list[str] = Field(default_factory=list, max_length=256)
     # False means: drain and stop it, and keep it stopped.
     enabled: bool = True
+    # True with a new generation: dump the old engine's Python stacks (py-spy) before draining it, and send the
+    # dump as a ``stack_dump`` event. A stalled engine's stacks are the evidence a restart destroys.
+    capture_stack: bool = False
+
+    _added_fields = ("capture_stack",)
 
 
-class DesiredState(_Wire):
+class DesiredState(_Grown):
     """The control plane's answer to a report. An empty ``replicas`` list means: keep running your config."""
 
     protocol_version: int = PROTOCOL_VERSION
     node: str
     cordoned: bool = False
+    # GPU indices fenced on their own: replicas using any of them drain and stay stopped; the rest keep running.
+    cordoned_gpus: list[int] = Field(default_factory=list, max_length=1024)
     replicas: list[ReplicaSpec] = Field(default_factory=list)
     # How often the control plane wants reports, so it can slow a large fleet down.
     report_interval_seconds: float | None = None
+
+    _added_fields = ("cordoned_gpus",)

@@ -87,7 +87,7 @@ async def act_on_replica(node: str, name: str, body: ReplicaActionRequest, reque
 
 
 @router.post("/nodes/{node}/actions", response_model=ActionOut, status_code=201,
-             summary="Cordon or uncordon a node (through the guardrails)",
+             summary="Cordon or uncordon a node, or one of its GPUs with `gpu` (through the guardrails)",
              responses={403: {"description": "role too low, or force without admin"},
                         404: {"description": "no such node"}})
 async def act_on_node(node: str, body: NodeActionRequest, request: Request, ctx: Ctx, who: Operator) -> ActionOut:

@@ -88,6 +88,20 @@ def evidence_lines(action: Json, points: int = EVIDENCE_POINTS) -> list[str]:
     return lines
 
 
+def captured_lines(action: Json) -> list[str]:
+    """What a restart kept of the engine it replaced: per replica, the stack dump's note and the dump itself."""
+    lines: list[str] = []
+    for key, entry in ((action.get("params") or {}).get("captured") or {}).items():
+        lines.append(f"{key}: {entry.get('stack_dump_note') or 'no stack dump recorded'}")
+        if entry.get("stack_dump"):
+            lines += ["", str(entry["stack_dump"]), ""]
+        tail = entry.get("log_tail") or []
+        if tail:
+            lines.append(f"  last {len(tail)} log lines before the restart:")
+            lines += [f"  {line}" for line in tail]
+    return lines
+
+
 def breaker_line(breaker: Json) -> tuple[bool, str]:
     """(tripped, text) for the breaker banner."""
     if breaker.get("tripped"):

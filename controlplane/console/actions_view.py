@@ -43,3 +43,7 @@ def render(client: httpx.Client) -> None:
     if action is not None:
         lines = actions.evidence_lines(action)
         st.code("\n".join(lines) if lines else "no evidence recorded (an operator's request)", language=None)
+        captured = actions.captured_lines(action)
+        if captured:
+            st.markdown("**Captured before the restart** (stack dump, log tail)")
+            st.code("\n".join(captured), language=None)

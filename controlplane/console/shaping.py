@@ -73,6 +73,8 @@ def gpu_rows(gpus: Sequence[Json]) -> list[dict[str, Any]]:
             "node": g["node"],
             "GPU": g["index"],
             "name": g.get("name"),
+            # Fenced on its own (a GPU cordon): the replicas on it are drained and kept stopped.
+            "cordoned": bool(g.get("cordoned")),
             "temp °C": temp,
             "slowdown °C": slowdown,
             # Headroom to the GPU's own slowdown threshold (read from NVML, not assumed).

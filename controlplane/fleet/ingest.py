@@ -130,9 +130,10 @@ _DELETE_GPUS = delete(_GPUS).where(_GPUS.c.node == bindparam("b_node"))
 _DELETE_REPLICAS = delete(_REPLICAS).where(_REPLICAS.c.node == bindparam("b_node"))
 _INSERTS = {"gpus": insert(_GPUS), "replicas": insert(_REPLICAS), "samples": insert(_SAMPLES),
             "events": insert(_EVENTS)}
-_DESIRED_OF = (select(_DESIRED.c.name, _DESIRED.c.generation, _DESIRED.c.engine_args, _DESIRED.c.enabled)
+_DESIRED_OF = (select(_DESIRED.c.name, _DESIRED.c.generation, _DESIRED.c.engine_args, _DESIRED.c.enabled,
+                      _DESIRED.c.capture_stack_generation)
                .where(_DESIRED.c.node == bindparam("b_node")).order_by(_DESIRED.c.name))
-_CORDONED = select(_NODES.c.cordoned).where(_NODES.c.name == bindparam("b_node"))
+_CORDONED = select(_NODES.c.cordoned, _NODES.c.cordoned_gpus).where(_NODES.c.name == bindparam("b_node"))
 
 
 def apply_report(*, session: Session, report: NodeReport, now: datetime) -> Verdict:
@@ -172,11 +173,22 @@ def desired_state(*, session: Session, node: str, report_interval_seconds: float
     """The answer to ``node``'s report: its replica specs from the desired-state table (empty when none)."""
     conn = session.connection()
     rows = conn.execute(_DESIRED_OF, {"b_node": node}).all()
-    cordoned = conn.execute(_CORDONED, {"b_node": node}).scalar()
+    fence = conn.execute(_CORDONED, {"b_node": node}).first()
+    return answer(node, fence, [replica_spec(r) for r in rows], report_interval_seconds)
+
+
+def replica_spec(row: Any) -> ReplicaSpec:
+    """One desired-replica row as the agent reads it; a stack dump is asked for the generation it was set for."""
+    return ReplicaSpec(name=row.name, generation=row.generation, engine_args=list(row.engine_args),
+                       enabled=row.enabled, capture_stack=row.capture_stack_generation == row.generation)
+
+
+def answer(node: str, fence: Any, specs: list[ReplicaSpec], report_interval_seconds: float | None) -> DesiredState:
+    """The desired state of ``node`` from its specs and its node row's cordons (``fence``; None: unknown node)."""
     return DesiredState(
         node=node,
-        cordoned=bool(cordoned),
-        replicas=[ReplicaSpec(name=r.name, generation=r.generation, engine_args=list(r.engine_args),
-                              enabled=r.enabled) for r in rows],
+        cordoned=bool(fence is not None and fence.cordoned),
+        cordoned_gpus=sorted(fence.cordoned_gpus or []) if fence is not None else [],
+        replicas=specs,
         report_interval_seconds=report_interval_seconds,
     )

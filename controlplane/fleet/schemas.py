@@ -53,6 +53,7 @@ class GpuOut(BaseModel):
     ecc_uncorrected_total: int | None = None
     xid_events_total: int = 0
     last_xid: int | None = None
+    cordoned: bool = False  # fenced on its own (GPU cordon): its replicas stay drained
 
 
 class ReplicaOut(BaseModel):

@@ -130,10 +130,11 @@ def actions_for(policy: Policy, findings: Sequence[Finding], snapshot: FleetSnap
         elif isinstance(action, CordonAction):
             target = _subject_target(policy, finding)
             node = snapshot.node(target.node or "")
-            if node is not None and node.cordoned:
+            if node is not None and (node.cordoned or (target.kind == "gpu" and target.gpu in node.cordoned_gpus)):
                 pass  # already fenced: nothing to do but the notify below
             elif action.scope == "gpu" and target.kind == "gpu":
-                propose("cordon", target, finding, params={"scope": "gpu"}, extra=f": cordon GPU {target.gpu}")
+                propose("cordon", target, finding, params={"scope": "gpu", "gpu": target.gpu},
+                        extra=f": cordon GPU {target.gpu}")
             else:
                 propose("cordon", Target(kind="node", node=target.node), finding, params={"scope": "node"},
                         extra=f": cordon node {target.node}")

@@ -145,6 +145,7 @@ class Gpu(_Frozen):
 class Node(_Frozen):
     name: str
     cordoned: bool = False
+    cordoned_gpus: list[int] = Field(default_factory=list)
     memory_total_bytes: int | None = None
     last_report_at: AwareDatetime | None = None
 

@@ -3,13 +3,14 @@
 ``apply_action`` claims an approved action (approved -> running, conditional on the old state, so it happens
 once however many control planes try) and writes the desired state in the same transaction:
 restart -> generation + 1 with the same args; set_flags / lower_max_num_seqs -> generation + 1 with new args;
-drain -> enabled false; cordon / uncordon -> the node's ``cordoned`` flag, which the agent reads in its
-``DesiredState``; alert -> an alert row with a pending delivery. Rolling restarts, multi-replica argument
-changes and canaries are rollouts (``rollout.py``), advanced one batch per round from state kept in the row.
-A restart first captures the replica's log tail (and says why there is no stack dump). A planned restart waits
-in ``approved`` until its ``not_before``. ``reconcile`` marks running actions succeeded (every replica READY at
-the desired generation, or stopped for a drain) or failed (FATAL, or past the deadline). Both are functions of
-a session and ``now``.
+drain -> enabled false; cordon / uncordon -> the node's ``cordoned`` flag, or with ``scope: gpu`` one index in
+its ``cordoned_gpus``, which the agent reads in its ``DesiredState``; alert -> an alert row with a pending
+delivery. Rolling restarts, multi-replica argument changes and canaries are rollouts (``rollout.py``),
+advanced one batch per round from state kept in the row. A restart first captures the replica's log tail and
+asks the agent for a stack dump of the engine it replaces (``stackdumps.py``), attached when the agent's
+report brings it. A planned restart waits in ``approved`` until its ``not_before``. ``reconcile`` marks
+running actions succeeded (every replica READY at the desired generation, or stopped for a drain) or failed
+(FATAL, or past the deadline). Both are functions of a session and ``now``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agent.wire import ReplicaState
 from controlplane.fleet.desired import DesiredChange, set_desired
-from controlplane.remediation import rollout
+from controlplane.remediation import rollout, stackdumps
 from controlplane.remediation.alerting import raise_alert
 from controlplane.remediation.records import transition
 from controlplane.remediation.rollout import RolloutSettings
@@ -35,8 +36,6 @@ NEW_ARGS = frozenset({"set_flags", "lower_max_num_seqs", "raise_max_num_seqs"})
 INSTANT = frozenset({"cordon", "uncordon", "alert"})
 # A drained replica counts as stopped once the agent reports one of these (or stops listing it).
 STOPPED = frozenset({ReplicaState.STOPPED.value})
-# The agent has no stack-dump endpoint yet; the record says so rather than pretending there was nothing to see.
-NO_STACK_DUMP = "no stack dump: the agent offers no dump endpoint (py-spy) for this replica"
 
 
 def _split(key: str) -> tuple[str, str]:
@@ -58,7 +57,7 @@ def _capture(session: Session, row: ActionRow) -> None:
         replica = session.get(Replica, _split(key))
         captured[key] = {"log_tail": [] if replica is None else list(replica.log_tail)[-50:],
                          "state": None if replica is None else replica.state, "stack_dump": None,
-                         "stack_dump_note": NO_STACK_DUMP}
+                         "stack_dump_note": stackdumps.PENDING}
     row.params = {**row.params, "captured": captured}
 
 
@@ -79,6 +78,8 @@ def _apply_replicas(session: Session, row: ActionRow, now: datetime) -> str | No
         else:  # drain
             change = DesiredChange(enabled=False)
         out = set_desired(session=session, node=node, name=name, change=change, now=now)
+        if row.kind in RESTARTS:
+            stackdumps.request(session=session, node=node, name=name, generation=out.generation)
         applied[key] = None if row.kind == "drain" else out.generation
     row.params = {**row.params, "applied": applied}
     if len(applied) == 1:
@@ -90,14 +91,33 @@ def _apply_node(session: Session, row: ActionRow, now: datetime) -> str | None:
     if row.kind == "alert":
         raise_alert(session=session, action=row, now=now)  # delivery belongs to the notifier
         return None
-    node = session.get(Node, row.node) if row.node else None
+    # Locked: GPU cordons read-modify-write the node's list, and an operator's request (applied at once by the
+    # API) may race the leader's executor on the same node.
+    node = session.get(Node, row.node, with_for_update=True) if row.node else None
     if node is None:
         return f"no node named {row.node!r}"
-    node.cordoned = row.kind == "cordon"
-    if row.params.get("scope") == "gpu":
-        # DesiredState carries a node-wide cordon only: fence the whole host rather than nothing.
-        row.params = {**row.params, "note": "the agent takes node-wide cordons: cordoned the GPU's node"}
+    if row.params.get("scope") != "gpu":
+        node.cordoned = row.kind == "cordon"
+        return None
+    gpu = _gpu_of(row)
+    if gpu is None:
+        return "a GPU cordon names no GPU index"
+    # Only this GPU's replicas drain (the agent matches them by their ``gpus``); the node keeps the rest.
+    fenced = set(node.cordoned_gpus or [])
+    fenced = fenced | {gpu} if row.kind == "cordon" else fenced - {gpu}
+    node.cordoned_gpus = sorted(fenced)
     return None
+
+
+def _gpu_of(row: ActionRow) -> int | None:
+    """The GPU index of a GPU-scoped cordon: ``params["gpu"]``, else the target key ``gpu:node/index``."""
+    gpu = row.params.get("gpu")
+    if gpu is None and row.target_kind == "gpu":
+        gpu = row.target.rpartition("/")[2]
+    try:
+        return None if gpu is None else int(gpu)
+    except ValueError:
+        return None
 
 
 def apply_action(*, session: Session, action_id: int, now: datetime) -> bool:
@@ -184,9 +204,12 @@ def reconcile(*, session: Session, now: datetime, deadline: timedelta,
                                                   dst=verdict[0], now=now, finished_at=now, outcome=verdict[1]):
                 finished[row.id] = verdict[0]
             continue
+        stackdumps.attach(session=session, row=row)
         keys = list(row.params.get("applied", {}))
         replicas = {k: session.get(Replica, _split(k)) for k in keys}
         verdict = judge(row, replicas, now, deadline)
+        if verdict is not None:
+            stackdumps.attach(session=session, row=row, final=True)
         if verdict is not None and transition(session=session, action_id=row.id, src="running", dst=verdict[0],
                                               now=now, finished_at=now, outcome=verdict[1]):
             finished[row.id] = verdict[0]

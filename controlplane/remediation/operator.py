@@ -41,6 +41,8 @@ class ReplicaActionRequest(BaseModel):
 
 class NodeActionRequest(BaseModel):
     kind: Literal["cordon", "uncordon"]
+    # Cordon (or uncordon) this one GPU of the node: only the replicas using it drain; omitted, the whole node.
+    gpu: int | None = Field(default=None, ge=0, le=1023)
     reason: str = Field(default="", max_length=2000)
     force: bool = False
 
@@ -86,10 +88,16 @@ def propose_node_action(*, session: Session, node: str, request: NodeActionReque
     if session.get(Node, node) is None:
         raise NotFound(f"no node named {node!r}")
     # Uncordoning gives capacity back: recorded, never held back (guard kind "alert" is not disruptive).
+    # Policies never propose an uncordon: giving a fenced GPU or node back is an operator's call.
+    params: dict[str, object]
+    if request.gpu is None:
+        target, params = Target(kind="node", node=node), {"scope": "node"}
+    else:
+        target, params = Target(kind="gpu", node=node, gpu=request.gpu), {"scope": "gpu", "gpu": request.gpu}
+    what = request.kind if request.gpu is None else f"{request.kind} of GPU {request.gpu}"
     proposal = ProposedAction(
         policy=OPERATOR_POLICY, kind="cordon" if request.kind == "cordon" else "alert",
-        target=Target(kind="node", node=node), params={"scope": "node"},
-        reason=request.reason or f"{request.kind} requested by {who}",
+        target=target, params=params, reason=request.reason or f"{what} requested by {who}",
     )
     decision = _decide(session, proposal, now, config or GuardConfig(), None)
     return _store(session, decision, request.kind, who, request.force, now)

@@ -49,10 +49,11 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
     use_history = history > timedelta(0)
     if samples is not None and use_history:
         samples.refresh(session, now)
-    nodes = [Node.model_construct(name=n.name, cordoned=n.cordoned, memory_total_bytes=n.memory_total_bytes,
-                                  last_report_at=n.last_report_at)
-             for n in session.execute(select(NodeRow.name, NodeRow.cordoned, NodeRow.memory_total_bytes,
-                                             NodeRow.last_report_at).order_by(NodeRow.name))]
+    nodes = [Node.model_construct(name=n.name, cordoned=n.cordoned, cordoned_gpus=list(n.cordoned_gpus or []),
+                                  memory_total_bytes=n.memory_total_bytes, last_report_at=n.last_report_at)
+             for n in session.execute(select(NodeRow.name, NodeRow.cordoned, NodeRow.cordoned_gpus,
+                                             NodeRow.memory_total_bytes, NodeRow.last_report_at)
+                                      .order_by(NodeRow.name))]
     r_cols = ReplicaRow.__table__.c
     replica_query = select(r_cols.node, r_cols.name, r_cols.model, r_cols.gpus, r_cols.state, r_cols.ready,
                            r_cols.managed, r_cols.state_since, r_cols.engine_args, r_cols.generation,

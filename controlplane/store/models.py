@@ -46,6 +46,8 @@ class Node(Base):
     reports_total: Mapped[int] = mapped_column(default=0)
     status: Mapped[str] = mapped_column(String(16), default="up")
     cordoned: Mapped[bool] = mapped_column(default=False)
+    # GPU indices cordoned on their own (None: none). Here, not on ``gpus``: those rows are replaced per report.
+    cordoned_gpus: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
     # The host's memory as the agent reported it: the limit a leaking engine's RSS is projected against.
     memory_total_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
@@ -130,6 +132,9 @@ class DesiredReplica(Base):
     engine_args: Mapped[list[Any]]
     enabled: Mapped[bool] = mapped_column(default=True)
     updated_at: Mapped[datetime]
+    # The generation whose restart asks the agent for a stack dump of the engine it replaces (a stall's
+    # restart); a later generation, written by anything else, no longer matches and asks for none.
+    capture_stack_generation: Mapped[int | None] = mapped_column(default=None)
 
 
 class ActionRow(Base):

@@ -13,7 +13,7 @@ import pytest
 from agent.desired import DesiredStore, plan_wants
 from agent.reporter import Reporter, ReportError, report_retry_delay
 from agent.supervisor import Want
-from agent.wire import PROTOCOL_VERSION, DesiredState, NodeReport, ReplicaSpec
+from agent.wire import PROTOCOL_VERSION, DesiredState, GpuSample, NodeReport, ReplicaSpec
 
 
 def desired(*specs: ReplicaSpec) -> DesiredState:
@@ -34,6 +34,27 @@ def test_same_generation_disabled_means_stop_keeping_args() -> None:
         "a": Want(False, 2, ["--y"])}
     assert plan_wants(desired(ReplicaSpec(name="a", generation=2, engine_args=["--y"])), current) == {}
     assert plan_wants(desired(), current) == {}  # empty list: keep running the config
+
+
+def test_a_capturing_generation_asks_for_a_dump_and_an_old_agents_answer_asks_none() -> None:
+    current = {"a": Want(True, 2, ["--y"])}
+    plan = plan_wants(desired(ReplicaSpec(name="a", generation=3, engine_args=["--y"], capture_stack=True)), current)
+    assert plan == {"a": Want(True, 3, ["--y"], capture_stack=True)}
+    old = DesiredState.model_validate({"node": "n1", "replicas": [{"name": "a", "generation": 3}]})
+    assert plan_wants(old, current)["a"].capture_stack is False
+    assert old.cordoned_gpus == []
+
+
+def test_fields_added_after_protocol_1_stay_off_the_wire_until_used() -> None:
+    # Both sides forbid unknown fields: an agent or control plane that predates these must still read us.
+    plain = desired(ReplicaSpec(name="a", generation=1)).model_dump(mode="json")
+    assert "cordoned_gpus" not in plain and "capture_stack" not in plain["replicas"][0]
+    assert "cordoned" not in GpuSample(index=0, uuid="GPU-0", name="H200").model_dump_json()
+    used = DesiredState(node="n1", cordoned_gpus=[2], replicas=[ReplicaSpec(name="a", generation=1,
+                                                                             capture_stack=True)])
+    assert DesiredState.model_validate_json(used.model_dump_json()) == used
+    fenced = GpuSample(index=0, uuid="u", name="n", cordoned=True)
+    assert GpuSample.model_validate_json(fenced.model_dump_json()).cordoned
 
 
 def test_store_round_trips_and_ignores_a_corrupt_file(tmp_path: Path) -> None:

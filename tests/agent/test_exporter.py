@@ -65,3 +65,13 @@ def test_text_exposition_parses_and_has_one_state_series_per_state() -> None:
     assert len(states) == len(ReplicaState)
     assert sum(s.value for s in states) == 1
     assert families["pitstop_gpu_xid_events"].type == "counter"
+
+
+def test_cordoned_gpus_are_1_including_one_the_backend_no_longer_lists() -> None:
+    fenced = ExportState(node="n1", gpus=state().gpus, cordoned_gpus=[0, 3])
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(lambda: fenced))
+    assert reg.get_sample_value("pitstop_gpu_cordoned", {"node": "n1", "gpu": "0"}) == 1.0
+    assert reg.get_sample_value("pitstop_gpu_cordoned", {"node": "n1", "gpu": "3"}) == 1.0  # fell off the bus
+    assert reg.get_sample_value("pitstop_node_cordoned", {"node": "n1"}) == 0.0
+    assert registry().get_sample_value("pitstop_gpu_cordoned", {"node": "n1", "gpu": "0"}) == 0.0

@@ -55,7 +55,9 @@ def test_restart_goes_to_a_new_generation_and_succeeds_when_reported_ready(c: Te
     action = made.json()
     assert (action["state"], action["requested_by"], action["policy"]) == ("running", "config:operator-0", None)
     desired = send(c, 2, replica("r0"), replica("r1"))["replicas"]
-    assert desired == [{"name": "r0", "generation": 2, "engine_args": ["--max-num-seqs", "64"], "enabled": True}]
+    # A restart asks the agent to dump the old engine's stacks before draining it.
+    assert desired == [{"name": "r0", "generation": 2, "engine_args": ["--max-num-seqs", "64"], "enabled": True,
+                        "capture_stack": True}]
     assert reconcile_now(c) == {}  # still at generation 1
     send(c, 3, at_generation("r0", 2), replica("r1"))
     assert reconcile_now(c) == {action["id"]: "succeeded"}
@@ -109,7 +111,9 @@ def test_cordon_reaches_the_agent_and_uncordon_undoes_it(c: TestClient) -> None:
     assert c.post("/v1/nodes/gpu-x/actions", json={"kind": "cordon"}, headers=OPS).status_code == 404
     cordon = c.post("/v1/nodes/gpu-a/actions", json={"kind": "cordon"}, headers=OPS).json()
     assert cordon["state"] == "succeeded"
-    assert send(c, 2)["cordoned"] is True
+    answer = send(c, 2)
+    # Protocol-1 agents forbid unknown fields: an unused GPU cordon list stays off the wire.
+    assert answer["cordoned"] is True and "cordoned_gpus" not in answer
     assert c.post("/v1/nodes/gpu-a/actions", json={"kind": "uncordon"}, headers=OPS).json()["state"] == "succeeded"
     assert send(c, 3)["cordoned"] is False
 

@@ -36,7 +36,8 @@ def test_missing_readings_stay_blank_and_stale_nodes_are_marked() -> None:
     stalled = shaping.replica_rows([{**bare, "engine": {"stalled": True, "requests_waiting": 5}}])[0]
     assert stalled["stalled"] == "yes" and stalled["waiting"] == 5
     g = shaping.gpu_rows([{"node": "n", "index": 0, "temperature_celsius": None}])[0]
-    assert g["headroom °C"] is None and g["throttle"] == ""
+    assert g["headroom °C"] is None and g["throttle"] == "" and g["cordoned"] is False
+    assert shaping.gpu_rows([{"node": "n", "index": 1, "cordoned": True}])[0]["cordoned"] is True
 
 
 def test_events_and_ages() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import inspect, text
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy import Engine, inspect, text
 
-from controlplane.store.db import current_revision, head_revision, make_engine, migrate
+from controlplane.store.db import MIGRATIONS_DIR, current_revision, head_revision, make_engine, migrate
 
 NEW_TABLES = {"actions", "audit_log", "alerts", "notification_deliveries", "api_tokens"}
 
@@ -37,5 +39,43 @@ def test_up_from_the_previous_revision_keeps_the_fleet(db_url: str) -> None:
         with engine.connect() as conn:
             assert conn.execute(text("SELECT name, last_sequence FROM nodes")).all() == [("gpu-a", 7)]
             assert conn.execute(text("SELECT count(*) FROM actions")).scalar() == 0
+    finally:
+        engine.dispose()
+
+
+def _downgrade(engine: Engine, revision: str) -> None:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        cfg.attributes["connection"] = connection
+        command.downgrade(cfg, revision)
+
+
+def test_0006_adds_gpu_cordons_and_stack_dump_asks_and_goes_back_down(db_url: str) -> None:
+    engine = make_engine(db_url)
+    try:
+        migrate(engine, "0005")
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO nodes (name, hostname, agent_version, first_seen_at, last_report_at, last_sent_at, "
+                "last_sequence, reports_total, status, cordoned) VALUES ('gpu-a', 'h', '0.1', "
+                "'2026-11-29 12:00:00', '2026-11-29 12:00:00', '2026-11-29 12:00:00', 7, 7, 'up', true)"))
+            conn.execute(text(
+                "INSERT INTO desired_replicas (node, name, generation, engine_args, enabled, updated_at) "
+                "VALUES ('gpu-a', 'r0', 3, '[]', true, '2026-11-29 12:00:00')"))
+        migrate(engine, "0006")
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT cordoned, cordoned_gpus FROM nodes")).one() == (True, None)
+            assert conn.execute(text("SELECT generation, capture_stack_generation FROM desired_replicas")).one() \
+                == (3, None)
+            conn.execute(text("UPDATE nodes SET cordoned_gpus = '[3]'"))
+            conn.execute(text("UPDATE desired_replicas SET capture_stack_generation = 3"))
+        _downgrade(engine, "0005")
+        assert current_revision(engine) == "0005"
+        assert "cordoned_gpus" not in {c["name"] for c in inspect(engine).get_columns("nodes")}
+        assert "capture_stack_generation" not in {c["name"] for c in inspect(engine).get_columns("desired_replicas")}
+        with engine.connect() as conn:  # the rest of the fleet survives the way down
+            assert conn.execute(text("SELECT name, cordoned FROM nodes")).all() == [("gpu-a", True)]
+            assert conn.execute(text("SELECT name, generation FROM desired_replicas")).all() == [("r0", 3)]
     finally:
         engine.dispose()

@@ -22,6 +22,7 @@ from agent.wire import (
     GpuSample,
     NodeReport,
     ProcessSample,
+    ReplicaEvent,
     ReplicaState,
     ReplicaStatus,
 )
@@ -83,6 +84,10 @@ class SimAgent:
     sequence: int = 0
     desired: DesiredState | None = None
     memory_total: int | None = None  # the host's memory, as the real agent reports it
+    # What the agent's py-spy step sends for a restart that asks for a stack dump (note line, then the dump).
+    stack_dump: str = "captured by py-spy 0.4.3 at 2026-11-29T12:00:00+00:00 from pid 4242 on node sim\n\n" \
+                      'Thread 4243 (active): "EngineCoreThread"\n    wait_for_step (vllm/v1/engine/core.py:412)'
+    events: list[ReplicaEvent] = field(default_factory=list)
 
     def replica(self, name: str) -> SimReplica:
         return next(r for r in self.replicas if r.name == name)
@@ -95,7 +100,8 @@ class SimAgent:
         body = NodeReport(protocol_version=PROTOCOL_VERSION, node=self.node, hostname=f"{self.node}.example",
                           agent_version="0.1.0", agent_url=None, sent_at=clock(), sequence=self.sequence,
                           memory_total_bytes=self.memory_total,
-                          gpus=[gpu], replicas=[r.status(step) for r in self.replicas], events=[])
+                          gpus=[gpu], replicas=[r.status(step) for r in self.replicas], events=self.events)
+        self.events = []
         response = client.post(f"/v1/agents/{self.node}/report", json=body.model_dump(mode="json"))
         assert response.status_code == 200, response.text
         self.desired = DesiredState.model_validate(response.json())
@@ -109,6 +115,8 @@ class SimAgent:
             if not spec.enabled:
                 r.state = ReplicaState.STOPPED
             elif spec.generation > r.generation:
+                if spec.capture_stack:  # the real agent dumps the old engine before draining it
+                    self.events.append(ReplicaEvent(replica=r.name, at=T0, kind="stack_dump", message=self.stack_dump))
                 r.generation, r.engine_args = spec.generation, list(spec.engine_args)
                 r.state, r.stalled, r.canary_ok, r.exit_code = ReplicaState.READY, False, True, None
                 r.restarts += 1

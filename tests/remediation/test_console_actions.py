@@ -81,3 +81,18 @@ def test_the_page_lists_a_proposal_and_approves_it(served: str, monkeypatch: pyt
     headers = {"Authorization": "Bearer op"}
     [done] = httpx.get(f"{served}/v1/actions", params={"policy": "stall"}, headers=headers).json()
     assert done["state"] == "running" and done["approved_by"]
+    page.run()  # the running restart's detail shows what it keeps of the old engine
+    assert any("Captured before the restart" in m.value for m in page.markdown)
+    assert any("gpu-a/r0: waiting for the agent's stack dump" in c.value for c in page.code)
+
+
+def test_captured_lines_show_the_dump_note_the_stacks_and_the_log_tail() -> None:
+    action = {"params": {"captured": {"gpu-a/r0": {
+        "stack_dump_note": "captured by py-spy 0.4.3 at 2026-11-29T12:00:00+00:00 from pid 4242 on node gpu-a",
+        "stack_dump": 'Thread 4243 (active): "EngineCoreThread"\n    wait_for_step (core.py:412)',
+        "log_tail": ["WARNING EngineCore heartbeat late"]}}}}
+    lines = actions.captured_lines(action)
+    assert lines[0] == "gpu-a/r0: captured by py-spy 0.4.3 at 2026-11-29T12:00:00+00:00 from pid 4242 on node gpu-a"
+    assert "    wait_for_step (core.py:412)" in "\n".join(lines)
+    assert lines[-1] == "  WARNING EngineCore heartbeat late"
+    assert actions.captured_lines({"params": {}}) == []

@@ -37,14 +37,26 @@ def test_a_stalled_replica_is_restarted_with_its_log_tail_kept_and_succeeds_when
         assert evidence["detector"] == "stall" and evidence["evidence"], "the samples that triggered it"
         captured = restart["params"]["captured"]["gpu-a/r0"]
         assert captured["log_tail"][-1] == "WARNING EngineCore heartbeat late"
-        assert "no dump endpoint" in captured["stack_dump_note"]
+        assert captured["stack_dump"] is None and captured["stack_dump_note"].startswith("waiting for the agent's")
         # The agent is told: generation 2 for r0, r1 untouched.
         desired = {s["name"]: s for s in f.client.get("/v1/desired", params={"node": "gpu-a"}).json()}
         assert desired["r0"]["generation"] == 2 and "r1" not in desired
         f.step(10, converge=True)
+        assert agent.desired is not None
+        assert {s.name: s.capture_stack for s in agent.desired.replicas} == {"r0": True}  # dump, then drain
         f.step(10)
         done = f.action(restart["id"])
         assert done["state"] == "succeeded" and done["finished_at"] is not None
+        # The agent's dump of the wedged engine is on the action, split into what happened and the stacks.
+        kept = done["params"]["captured"]["gpu-a/r0"]
+        assert kept["stack_dump_note"].startswith("captured by py-spy 0.4.3 at ")
+        assert "wait_for_step (vllm/v1/engine/core.py:412)" in kept["stack_dump"]
+        # The ask belongs to generation 2 (the agent acts on it once, at the bump); a later one does not ask.
+        answer = f.client.post("/v1/replicas/gpu-a/r0/actions",
+                               json={"kind": "set_flags", "engine_args": ["--max-num-seqs", "32"], "force": True})
+        assert answer.status_code == 201, answer.text
+        f.step(10)
+        assert [(s.generation, s.capture_stack) for s in agent.desired.replicas] == [(3, False)]
         # The notify alert went on record, delivery pending for the notifier.
         alerts = f.client.get("/v1/alerts").json()
         assert any(a["labels"]["alertname"] == "pitstop-stall" for a in alerts)
@@ -62,6 +74,7 @@ def test_a_restart_that_ends_fatal_fails(tmp_path: Path) -> None:
         f.step(10)
         failed = f.action(restart["id"])
         assert failed["state"] == "failed" and "FATAL" in failed["outcome"]
+        assert failed["params"]["captured"]["gpu-a/r0"]["stack_dump_note"].startswith("no stack dump arrived")
         # FATAL is a crash loop: the crash-loop policy pages with the evidence.
         [page] = [a for a in f.actions(policy="crash-loop") if a["kind"] == "alert"]
         assert page["params"]["severity"] == "page" and page["state"] == "succeeded"

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import yaml
 
+from agent.stackdump import find_py_spy
 from tests.helpers import SteadyTraffic, free_port, http_ok, wait_until
 from tests.integration.conftest import Processes
 
@@ -72,7 +73,13 @@ def test_a_wedged_engine_is_restarted_by_the_loop_and_ready_again(tmp_path: Path
         assert restart["state"] == "succeeded", (restart, processes.log("server")[-3000:])
         assert restart["target"] == "replica:e2e/wedged"
         assert restart["evidence"][0]["detector"] == "stall"
-        assert "log_tail" in restart["params"]["captured"]["e2e/wedged"]
+        captured = restart["params"]["captured"]["e2e/wedged"]
+        assert "log_tail" in captured
+        if find_py_spy() is not None:  # the agent finds py-spy beside its Python (the venv's bin)
+            assert captured["stack_dump_note"].startswith("captured by py-spy "), captured["stack_dump_note"]
+            assert "main (enginesim/cli.py:" in captured["stack_dump"]  # the wedged engine's own frames
+        else:
+            assert captured["stack_dump_note"].startswith("no stack dump: py-spy not installed on node e2e")
         replica = httpx.get(f"{cp}/v1/replicas/e2e/wedged", timeout=5).json()
         assert replica["generation"] >= restart["params"]["applied"]["e2e/wedged"]
     finally:
