@@ -184,14 +184,14 @@ def seed_history(url: str, agents: int, gpus: int, replicas: int, interval: floa
 
 
 def policy_round_stats(base: str) -> dict[str, float]:
-    """The server's own policy rounds during the load, from its /metrics."""
+    """The server's own policy rounds and report batches so far, from its /metrics."""
     text = httpx.get(f"{base}/metrics", timeout=10).text
     values = {}
     for line in text.splitlines():
-        if line.startswith("pitstop_cp_policy_round_seconds_sum"):
-            values["sum"] = float(line.split()[-1])
-        elif line.startswith("pitstop_cp_policy_round_seconds_count"):
-            values["count"] = float(line.split()[-1])
+        for family, key in (("pitstop_cp_policy_round_seconds", ""), ("pitstop_cp_report_batch_size", "batch_")):
+            for part in ("sum", "count"):
+                if line.startswith(f"{family}_{part} "):
+                    values[key + part] = float(line.split()[-1])
     return values
 
 
@@ -393,6 +393,9 @@ def main() -> int:
                 load["server_round_mean_s"] = round((after.get("sum", 0) - before.get("sum", 0)) / rounds, 3) \
                     if rounds else 0.0
                 load["server_first_rounds_s"] = round(before.get("sum", 0), 2)
+                batches = after.get("batch_count", 0) - before.get("batch_count", 0)
+                load["reports_per_commit"] = round(
+                    (after.get("batch_sum", 0) - before.get("batch_sum", 0)) / batches, 2) if batches else 0.0
                 # The standalone pass (its split into snapshot and evaluation) once: it reads the whole window
                 # again, and the server's own rounds above already give the pass time of every run.
                 passed = {} if args.no_policy_pass or run > 0 else policy_pass(url, one_interval)

@@ -56,13 +56,18 @@ class ServerConfig(BaseModel):
     policies_enabled: bool = True
     # The leader evaluates the policies this often, and also this long after a report (debounced).
     policy_interval_seconds: float = Field(default=5.0, gt=0)
-    policy_debounce_seconds: float = Field(default=1.0, ge=0)
+    # A quarter second gathers the reports of a burst into one round and costs little of fault-to-action time;
+    # on a large fleet the duty cap (below), not the debounce, paces the rounds.
+    policy_debounce_seconds: float = Field(default=0.25, ge=0)
     # A policy round over a large fleet is heavy (building the snapshot dominates): after a round slower than
     # half a second, the next waits so rounds take at most this share of the time and reports keep flowing.
     policy_max_duty: float = Field(default=0.25, gt=0, le=1)
     # ``pitstop server`` runs the policy rounds in a process of their own, so a large fleet's evaluation never
     # shares the API process's interpreter lock with reports; false runs them in the API process.
     policy_process: bool = True
+    # The policy process's niceness (0 to 19): on a busy host the scheduler serves the API first, so report
+    # latency holds while a large fleet's round takes longer.
+    policy_process_nice: int = Field(default=10, ge=0, le=19)
     # How much sample history a policy pass reads.
     policy_history_seconds: float = Field(default=900.0, gt=0)
     # Fleet-wide guardrails (budgets, rate limit, breaker): ``controlplane.policy.guardrails.GuardConfig``.
@@ -79,6 +84,12 @@ class ServerConfig(BaseModel):
     retention_interval_seconds: float = Field(default=300.0, gt=0)
     # Reports larger than this are refused with 413 before they are parsed.
     max_report_bytes: int = Field(default=1024 * 1024, gt=0)
+    # Reports waiting for the database, at most (ten seconds of a 1,000-node fleet): past it a report gets a
+    # 503 with Retry-After and the agent retries, rather than the backlog growing without bound in memory.
+    max_pending_reports: int = Field(default=2000, gt=0)
+    # How long a report waits for its write before the agent gets a 503 (the write may still land; the
+    # agent's retry is then acknowledged as a duplicate).
+    report_write_timeout_seconds: float = Field(default=30.0, gt=0)
     # Tells agents how often to report; None leaves it to the agent's own setting.
     report_interval_seconds: float | None = Field(default=None, gt=0)
     events_limit: int = Field(default=200, gt=0, le=10_000)

@@ -82,9 +82,14 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
     It ignores SIGINT and SIGTERM: a Ctrl-C or a stop signal to the process group is the API process's to
     handle, which then stops this one in order; one killed mid-wait could leave a shared lock taken and hang
     the API process's shutdown. It also ends when the API process is gone.
+
+    It runs at a lower CPU priority (``policy_process_nice``): where cores are short, a round may take longer,
+    but agents' reports and operators' requests are answered first.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if config.policy_process_nice:
+        os.nice(config.policy_process_nice)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s policy: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     from controlplane.heap import HeapFreezer

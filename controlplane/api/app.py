@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, nullcontext
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
@@ -16,6 +15,7 @@ from controlplane.api.auth import Authenticator
 from controlplane.api.context import AppContext, Clock, utc_now
 from controlplane.api.telemetry import Telemetry, TelemetryMiddleware
 from controlplane.config import ServerConfig
+from controlplane.fleet.writer import ReportWriter
 from controlplane.heap import HeapFreezer
 from controlplane.jobs import Jobs, PolicyHook
 from controlplane.leader import Leadership, leadership_for
@@ -43,11 +43,13 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
     engine = make_engine(config.database_url)
     migrate(engine)
     sessions = make_sessionmaker(engine)
+    telemetry = Telemetry()
     ctx = AppContext(
-        config=config, engine=engine, sessions=sessions, clock=clock, telemetry=Telemetry(),
+        config=config, engine=engine, sessions=sessions, clock=clock, telemetry=telemetry,
         auth=Authenticator(config, sessions, clock=clock),
         leadership=leadership if leadership is not None else leadership_for(config.database_url),
-        report_writer=threading.Lock() if engine.dialect.name == "sqlite" else nullcontext(),
+        reports=ReportWriter(sessions, clock, report_interval_seconds=config.report_interval_seconds,
+                             max_pending=config.max_pending_reports, on_batch=telemetry.report_batch_size.observe),
     )
     process = None
     if policy_process and config.policies_enabled:
@@ -67,6 +69,7 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
         finally:
             if run_jobs:
                 await run_in_threadpool(jobs.stop)
+            await run_in_threadpool(ctx.reports.stop)
             engine.dispose()
 
     app = FastAPI(

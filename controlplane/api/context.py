@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from fastapi import Request
@@ -14,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from controlplane.api.auth import Authenticator
 from controlplane.api.telemetry import Telemetry
 from controlplane.config import ServerConfig
+from controlplane.fleet.writer import ReportWriter
 from controlplane.leader import Leadership
 from controlplane.security.roles import Principal, Role
 from controlplane.store.db import session_scope
@@ -34,9 +34,8 @@ class AppContext:
     telemetry: Telemetry
     auth: Authenticator
     leadership: Leadership
-    # Serialises report writes where the database has one writer (SQLite): threads queue on a lock in
-    # order instead of polling SQLite's busy timeout, which under load made a convoy of sleeping writers.
-    report_writer: AbstractContextManager[object] = field(default_factory=nullcontext)
+    # Writes every agent report, committing those that arrive together in one transaction.
+    reports: ReportWriter
 
     @property
     def stale_after(self) -> timedelta:

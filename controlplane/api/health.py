@@ -51,4 +51,5 @@ async def metrics(request: Request) -> Response:
     with contextlib.suppress(SQLAlchemyError):
         await run_in_threadpool(_refresh_gauges, ctx)
     ctx.telemetry.leader.set(1 if ctx.leadership.is_leader else 0)
+    ctx.telemetry.report_backlog.set(ctx.reports.pending)
     return Response(generate_latest(ctx.telemetry.registry), media_type=CONTENT_TYPE_LATEST)

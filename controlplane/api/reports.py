@@ -7,22 +7,22 @@ fields this control plane does not know.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 
 from agent.wire import PROTOCOL_VERSION, DesiredState, NodeReport
 from controlplane.api.auth import AuthError
-from controlplane.api.context import AppContext, get_context
-from controlplane.fleet.ingest import apply_report, desired_state
-from controlplane.fleet.sequencing import Verdict
+from controlplane.api.context import get_context
+from controlplane.fleet.writer import Backlogged
 from controlplane.security.roles import Role
-from controlplane.store.db import session_scope
 
 SUPPORTED_PROTOCOL_VERSIONS = frozenset({PROTOCOL_VERSION})
+# What a busy control plane asks agents to wait before retrying: about one report interval.
+BACKLOG_RETRY_AFTER_SECONDS = 5
 
 router = APIRouter(tags=["agents"])
 
@@ -73,14 +73,6 @@ def _parse(body: bytes, node: str) -> NodeReport:
     return report
 
 
-def _store(ctx: AppContext, report: NodeReport) -> tuple[Verdict, DesiredState]:
-    with ctx.report_writer, session_scope(ctx.sessions) as session:
-        verdict = apply_report(session=session, report=report, now=ctx.clock())
-        answer = desired_state(session=session, node=report.node,
-                               report_interval_seconds=ctx.config.report_interval_seconds)
-    return verdict, answer
-
-
 @router.post(
     "/v1/agents/{node}/report",
     response_model=DesiredState,
@@ -90,7 +82,8 @@ def _store(ctx: AppContext, report: NodeReport) -> tuple[Verdict, DesiredState]:
     responses={400: {"description": "wrong node in path, or unsupported protocol version"},
                401: {"description": "agent token missing"},
                403: {"description": "not an agent token, or one bound to another node"},
-               413: {"description": "report too large"}, 422: {"description": "malformed report"}},
+               413: {"description": "report too large"}, 422: {"description": "malformed report"},
+               503: {"description": "too many reports waiting to be written, or the write timed out; retry"}},
 )
 async def post_report(node: str, request: Request) -> Response:
     ctx = get_context(request)
@@ -104,7 +97,19 @@ async def post_report(node: str, request: Request) -> Response:
     except AuthError as exc:
         ctx.telemetry.reject("unauthorized" if exc.status_code == 401 else "forbidden")
         raise
-    verdict, answer = await run_in_threadpool(_store, ctx, report)
+    # The report writer commits the reports that queue together in one transaction (see fleet/writer.py).
+    try:
+        written = ctx.reports.submit(report)
+    except Backlogged as exc:
+        ctx.telemetry.reject("backlogged")
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"control plane busy: {exc}; retry later",
+                            headers={"Retry-After": str(BACKLOG_RETRY_AFTER_SECONDS)}) from exc
+    try:
+        verdict, answer = await asyncio.wait_for(asyncio.wrap_future(written),
+                                                 ctx.config.report_write_timeout_seconds)
+    except TimeoutError as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the report was not written in time; retry",
+                            headers={"Retry-After": str(BACKLOG_RETRY_AFTER_SECONDS)}) from exc
     ctx.telemetry.reports_received.labels(outcome=verdict.value).inc()
     request.app.state.jobs.poke()  # evaluate the policies soon after new evidence (debounced)
     # Serialised here, once: the answer is already a validated model (the hot path at 200 reports a second).

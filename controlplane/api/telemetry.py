@@ -8,7 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # Reasons a report is refused; a fixed set so the label's cardinality is bounded.
-REJECT_REASONS = ("unauthorized", "forbidden", "too_large", "malformed", "node_mismatch", "protocol_version")
+REJECT_REASONS = ("unauthorized", "forbidden", "too_large", "malformed", "node_mismatch", "protocol_version",
+                  "backlogged")
 
 
 class Telemetry:
@@ -45,6 +46,15 @@ class Telemetry:
             "pitstop_cp_policy_round_seconds", "Duration of one policy round on the leader (snapshot, evaluation, "
             "guardrails, records).", registry=self.registry,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+        )
+        self.report_batch_size = Histogram(
+            "pitstop_cp_report_batch_size", "Agent reports committed together in one transaction by the report "
+            "writer (grows with load: group commit).", registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+        )
+        self.report_backlog = Gauge(
+            "pitstop_cp_report_backlog", "Agent reports received and not yet written (updated on each scrape).",
+            registry=self.registry,
         )
         for reason in REJECT_REASONS:
             self.reports_rejected.labels(reason=reason)
