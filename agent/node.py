@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 from collections.abc import Callable, Generator
@@ -106,6 +107,8 @@ class Agent:
         self.reporter = (Reporter(report_client or client, config.control_plane, self.node, config.token)
                          if config.control_plane else None)
         self._ticks = 0
+        # In-flight canaries, one per replica at most: they run beside the collection loop, never inside it.
+        self._canaries: dict[str, asyncio.Task[None]] = {}
         self._saved_desired: DesiredState | None = None
         self.cordoned = False
         self.cordoned_gpus: frozenset[int] = frozenset()
@@ -198,12 +201,22 @@ class Agent:
             replica.process = self.samplers[name].sample(replica.pid, gpu_memory)
             self._sampled_pid[name] = replica.pid
             self._process_due[name] = _loop_time() + self.config.process_interval
-        if canary and replica.state in CANARY_STATES:
-            result = await stream_completion(self.client, replica.spec.base_url, replica.model_name, "ping", 4,
-                                             self.config.canary_timeout, asyncio.get_running_loop().time)
-            replica.canary_ok, replica.canary_ttft = result.ok, result.ttft_seconds
-            if not result.ok:
-                replica.machine.note("canary", f"canary failed: {result.error}")
+        if canary and replica.state in CANARY_STATES and name not in self._canaries:
+            # A canary to a wedged engine waits out its whole timeout: awaited here, it would hold back the
+            # node's GPU readings and every other replica's scrape for that long, just when they matter.
+            task = asyncio.create_task(self._canary(replica), name=f"canary-{name}")
+            self._canaries[name] = task
+            task.add_done_callback(functools.partial(self._canary_done, name))
+
+    def _canary_done(self, name: str, _task: asyncio.Task[None]) -> None:
+        self._canaries.pop(name, None)
+
+    async def _canary(self, replica: Replica) -> None:
+        result = await stream_completion(self.client, replica.spec.base_url, replica.model_name, "ping", 4,
+                                         self.config.canary_timeout, asyncio.get_running_loop().time)
+        replica.canary_ok, replica.canary_ttft = result.ok, result.ttft_seconds
+        if not result.ok:
+            replica.machine.note("canary", f"canary failed: {result.error}")
 
     async def _collect_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -288,6 +301,8 @@ class Agent:
                 replica.request_shutdown()
             if tasks:
                 await asyncio.wait(tasks)
+            for canary in list(self._canaries.values()):
+                canary.cancel()
             server.should_exit = True
         self.gpu.close()
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -228,3 +229,26 @@ def test_attached_engine_is_watched_never_started(start_agent: Callable[..., Age
         with contextlib.suppress(ProcessLookupError):
             os.killpg(engine.pid, signal.SIGKILL)
         engine.wait()
+
+
+def test_a_wedged_engines_canary_does_not_hold_back_the_other_replicas(
+        start_agent: Callable[..., AgentProcess]) -> None:
+    # The canary to a wedged engine waits out its whole timeout; the node's other signals must keep flowing.
+    wedged = sim_replica("r1", args=[*SIM_ARGS, "--fault-hang-after", "3"], warmup={"requests": 1, "max_tokens": 2})
+    healthy = sim_replica("r2", gpus=[1])
+    agent = start_agent([wedged, healthy], canary_every=1, canary_timeout=30.0, sim_gpu_count=2)
+    agent.wait_state("r1", "READY")
+    agent.wait_state("r2", "READY")
+    wait_until(lambda: (agent.replica("r1").get("engine") or {}).get("stalled") is not None, 20,
+               what="a scrape of the wedged engine")
+    time.sleep(4)  # past the hang: r1's canary now waits on an engine that never answers
+    seen: set[float] = set()
+
+    def fresh_canaries() -> bool:
+        ttft = agent.replica("r2").get("canary_ttft_seconds")
+        if ttft is not None:
+            seen.add(ttft)
+        return len(seen) >= 4
+
+    wait_until(fresh_canaries, 10, what="r2's canary to keep reporting while r1's hangs")
+    assert agent.replica("r1")["canary_ok"] is not False  # still waiting: its 30 s timeout has not passed
