@@ -1,7 +1,7 @@
 """What group commit buys: the write of agent reports alone, in batches of 1, 4 and 16, per report.
 
 The report writer (controlplane/fleet/writer.py) applies the reports that queued while it wrote the last batch
-in one transaction (controlplane/fleet/bulk.py). This times exactly that transaction — sequence check, node
+in one transaction (controlplane/fleet/ingest.py). This times exactly that transaction — sequence check, node
 rows, GPU and replica rows replaced, samples and events appended, the answers read back — for 256 nodes'
 reports (8 GPUs and 8 replicas each, as cp_reports.py sends), several rounds per batch size, on a fresh SQLite
 file or a throw-away PostgreSQL. No HTTP, no parsing: the server's other costs are in cp_reports.py.
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.cp_reports import node_report  # noqa: E402
-from controlplane.fleet.bulk import apply_reports, desired_states  # noqa: E402
+from controlplane.fleet.ingest import apply_reports, desired_states  # noqa: E402
 from controlplane.store.db import make_engine, make_sessionmaker, migrate, session_scope  # noqa: E402
 
 NODES = 256

@@ -3,7 +3,7 @@
 Reports arrive on many request threads; writing each in its own transaction cost about ten statements and a
 commit per report, and on PostgreSQL at 200 reports a second that was more than two cores could give. Here the
 request hands its parsed report over and waits on a future; the writer takes whatever has queued while it
-was busy (up to ``max_batch``) and applies it in one transaction (``bulk.apply_reports``). Under light load a
+was busy (up to ``max_batch``) and applies it in one transaction (``ingest.apply_reports``). Under light load a
 batch is one report and costs what it did before; under heavy load batches grow and the cost per report
 falls, so the writer keeps up instead of falling behind (group commit, as databases do with their logs).
 
@@ -30,7 +30,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from agent.wire import DesiredState, NodeReport
-from controlplane.fleet.bulk import apply_reports, desired_states
+from controlplane.fleet.ingest import apply_reports, desired_states
 from controlplane.fleet.sequencing import Verdict
 from controlplane.store.db import session_scope
 

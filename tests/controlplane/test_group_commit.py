@@ -18,9 +18,8 @@ from sqlalchemy.exc import OperationalError
 from agent.wire import DesiredState, NodeReport, ReplicaEvent
 from controlplane.api.app import create_app
 from controlplane.config import ServerConfig
-from controlplane.fleet.bulk import apply_reports, desired_states
 from controlplane.fleet.desired import DesiredChange, set_desired
-from controlplane.fleet.ingest import apply_report, desired_state
+from controlplane.fleet.ingest import apply_reports, desired_state, desired_states
 from controlplane.fleet.sequencing import Verdict
 from controlplane.fleet.writer import Backlogged, ReportWriter
 from controlplane.store.db import make_engine, make_sessionmaker, migrate, session_scope
@@ -79,7 +78,7 @@ def two_databases(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tu
         yield one, batch
 
 
-def test_a_batch_stores_what_one_report_at_a_time_stores(two_databases: tuple[str, str]) -> None:
+def test_a_batch_stores_what_batches_of_one_store(two_databases: tuple[str, str]) -> None:
     one_url, batch_url = two_databases
     one, batch = make_sessionmaker(make_engine(one_url)), make_sessionmaker(make_engine(batch_url))
     for sessions in (one, batch):
@@ -92,7 +91,7 @@ def test_a_batch_stores_what_one_report_at_a_time_stores(two_databases: tuple[st
         singles = {}
         for r in arrival:
             with session_scope(one) as session:
-                one_verdicts.append(apply_report(session=session, report=r, now=now))
+                one_verdicts += apply_reports(session=session, reports=[r], now=now)
                 singles[r.node] = desired_state(session=session, node=r.node, report_interval_seconds=5)
         with session_scope(batch) as session:
             fences: dict[str, Any] = {}  # as the report writer does: cordons read with the sequence check
