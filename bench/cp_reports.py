@@ -48,6 +48,7 @@ from agent.wire import (  # noqa: E402
     ReplicaState,
     ReplicaStatus,
 )
+from bench.harness.figures import shown_path  # noqa: E402
 
 TOKEN = "bench-agent-token"
 
@@ -335,12 +336,6 @@ def policy_pass(url: str, more_reports: Callable[[], object]) -> dict[str, float
     return out
 
 
-def _shown(path: Path) -> str:
-    """The output path as the document records it: relative to the repository, never this host's layout."""
-    resolved = path.resolve()
-    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path.name
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
@@ -415,7 +410,7 @@ def main() -> int:
     median = {k: statistics.median(float(r[k]) for r in results) for k in keys}
     print(json.dumps({"median_of": len(results), "backend": args.backend, **median}), flush=True)
     out = args.out or ROOT / "bench" / "results" / f"cp_reports.{args.backend}.json"
-    out.write_text(json.dumps({"benchmark": "cp_reports", "settings": vars(args) | {"out": _shown(out)},
+    out.write_text(json.dumps({"benchmark": "cp_reports", "settings": vars(args) | {"out": shown_path(out)},
                                "runs": results, "medians": median,
                                "note": "the load generator and the database share this host's cores with the "
                                        "server"}, indent=2) + "\n")

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.cp_reports import node_report  # noqa: E402
+from bench.harness.figures import shown_path  # noqa: E402
 from controlplane.fleet.ingest import apply_reports, desired_states  # noqa: E402
 from controlplane.store.db import make_engine, make_sessionmaker, migrate, session_scope  # noqa: E402
 
@@ -77,12 +78,6 @@ def one_run(backend: str, rounds: int) -> dict[str, float]:
     return out
 
 
-def _shown(path: Path) -> str:
-    """The output path as the document records it: relative to the repository, never this host's layout."""
-    resolved = path.resolve()
-    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path.name
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=["sqlite", "postgresql"], default="postgresql")
@@ -101,7 +96,7 @@ def main() -> int:
                 for size in BATCHES[1:]}
     print(json.dumps({"median_of": len(runs), "backend": args.backend, **medians}), flush=True)
     out = args.out or ROOT / "bench" / "results" / f"report_batches.{args.backend}.json"
-    out.write_text(json.dumps({"benchmark": "report_batches", "settings": vars(args) | {"out": _shown(out)},
+    out.write_text(json.dumps({"benchmark": "report_batches", "settings": vars(args) | {"out": shown_path(out)},
                                "runs": runs, "medians": medians}, indent=2) + "\n")
     print(f"wrote {out}")
     return 0

@@ -15,6 +15,15 @@ SHARED_HOST_NOTE = ("the load generator, Prometheus, HAProxy and the measured pr
                     "{cores} CPU cores, so latencies include contention from the measurement itself")
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def shown_path(path: Path) -> str:
+    """An output path as a results document records it: relative to the repository, never the host's layout."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else path.name
+
+
 def median(values: Sequence[float | None]) -> float | None:
     """The median of the figures that exist; None when there are none."""
     clean = [v for v in values if v is not None]
