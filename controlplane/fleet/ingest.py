@@ -194,8 +194,9 @@ def apply_reports(*, session: Session, reports: Sequence[NodeReport], now: datet
         rows["replicas"] += _replica_rows(report, now)
         rows["samples"] += _sample_rows(report)
         rows["events"] += _event_rows(report, now)
-    postgresql = conn.dialect.name == "postgresql"
-    copies = [t for t in ("gpus", "replicas", "samples", "events") if postgresql and len(rows[t]) > COPY_FROM_ROWS]
+    on_postgresql = conn.dialect.name == "postgresql"
+    copies = [t for t in ("gpus", "replicas", "samples", "events")
+              if on_postgresql and len(rows[t]) > COPY_FROM_ROWS]
     # PostgreSQL: the statements go out together and their results come back together (psycopg's pipeline
     # mode), one round trip instead of one each; COPY cannot run in a pipeline, so it follows.
     with _pipeline(conn):

@@ -163,15 +163,17 @@ class ReportWriter:
             return
         if self._on_batch is not None:
             self._on_batch(len(batch))
-        results = dict(zip((p.report.node for p in batch), verdicts, strict=True))
-        self._settle(batch, lambda p: p.future.set_result((results[p.report.node], answers[p.report.node])))
+        self._settled(batch)
+        for pending, verdict in zip(batch, verdicts, strict=True):
+            pending.future.set_result((verdict, answers[pending.report.node]))
 
     def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
-        self._settle(batch, lambda p: p.future.set_exception(exc))
+        self._settled(batch)
+        for pending in batch:
+            pending.future.set_exception(exc)
 
-    def _settle(self, batch: list[_Pending], settle: Callable[[_Pending], None]) -> None:
+    def _settled(self, batch: list[_Pending]) -> None:
+        """Take ``batch`` off the backlog count, before its futures wake their requests."""
         with self._lock:
             self._pending -= len(batch)
-        for pending in batch:
-            settle(pending)
 

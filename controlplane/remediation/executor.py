@@ -204,12 +204,11 @@ def reconcile(*, session: Session, now: datetime, deadline: timedelta,
                                                   dst=verdict[0], now=now, finished_at=now, outcome=verdict[1]):
                 finished[row.id] = verdict[0]
             continue
-        stackdumps.attach(session=session, row=row)
         keys = list(row.params.get("applied", {}))
         replicas = {k: session.get(Replica, _split(k)) for k in keys}
         verdict = judge(row, replicas, now, deadline)
-        if verdict is not None:
-            stackdumps.attach(session=session, row=row, final=True)
+        # Dumps that arrived are attached every round; a finished restart says where none came.
+        stackdumps.attach(session=session, row=row, final=verdict is not None)
         if verdict is not None and transition(session=session, action_id=row.id, src="running", dst=verdict[0],
                                               now=now, finished_at=now, outcome=verdict[1]):
             finished[row.id] = verdict[0]
