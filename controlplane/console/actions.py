@@ -83,6 +83,15 @@ def evidence_lines(action: Json, points: int = EVIDENCE_POINTS) -> list[str]:
     rollout = (action.get("params") or {}).get("rollout") or {}
     if rollout.get("canary_verdict"):
         lines.append(f"canary: {rollout['canary_verdict']['verdict']}: {rollout['canary_verdict']['reason']}")
+        figures = rollout["canary_verdict"].get("figures") or {}
+        compared = [f"{key.removeprefix('canary_')} {mine:.4g} vs {theirs:.4g}" for key, mine in figures.items()
+                    if key.startswith("canary_") and mine is not None
+                    and (theirs := figures.get("peers_" + key.removeprefix("canary_"))) is not None]
+        if compared:
+            lines.append("  canary vs baseline: " + "; ".join(compared))
+    baseline = rollout.get("baseline")
+    if baseline:
+        lines.append("  judged against: " + (", ".join(baseline) if isinstance(baseline, list) else str(baseline)))
     if rollout.get("waiting"):
         lines.append(f"rollout {rollout['waiting']}")
     return lines

@@ -56,12 +56,14 @@ def replica_series_values(status: ReplicaStatus) -> dict[str, float]:
             values[field] = float(value)
     if status.canary_ttft_seconds is not None:
         values["canary_ttft_seconds"] = status.canary_ttft_seconds
-    # The policy engine's stall detector reads the canary, the governor the max-num-seqs each sample ran with.
+    # The policy engine's stall detector reads the canary, the governor the max-num-seqs and generation each
+    # sample ran with.
     if status.canary_ok is not None:
         values["canary_ok"] = 1.0 if status.canary_ok else 0.0
     max_num_seqs = get_int_flag(status.engine_args, "--max-num-seqs")
     if max_num_seqs is not None:
         values["max_num_seqs"] = float(max_num_seqs)
+    values["generation"] = float(status.generation)
     return values
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, field_validator, model_validator
 
 from controlplane.policy.durations import Duration
 
@@ -50,6 +50,54 @@ class RaiseSpec(BaseModel):
     remember: Duration = Field(default=3600.0, gt=0)
 
 
+class FlagRung(BaseModel):
+    """A rung of the ladder after max-num-seqs: an engine flag the governor adds, one canary at a time.
+
+    ``value`` None is a switch (``--disable-custom-all-reduce``). ``multi_gpu``: only replicas that run over
+    more than one GPU take it (several GPUs assigned, or tensor/pipeline parallel > 1). ``min_gain``: the
+    canary must cut the governed latency p99 by this share against its baseline, or it is rolled back (a
+    flag that does not help is a restart for nothing). ``retry_after``: a rung rolled back on a model is not
+    tried there again for this long.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    flag: str = Field(pattern=r"^--[a-z0-9][a-z0-9-]*$")
+    value: int | str | None = None
+    multi_gpu: bool = False
+    min_gain: float = Field(default=0.05, ge=0, lt=1)
+    retry_after: Duration = Field(default=6 * 3600.0, gt=0)
+
+    @property
+    def text(self) -> str | None:
+        """The value as it goes on the command line (None for a switch)."""
+        return None if self.value is None else str(self.value)
+
+    @property
+    def label(self) -> str:
+        return self.flag if self.value is None else f"{self.flag} {self.value}"
+
+    @model_validator(mode="after")
+    def _sane(self) -> FlagRung:
+        if self.flag == "--max-num-seqs":
+            raise ValueError("--max-num-seqs is the governor's own lever (ladder/min), not a rung of then")
+        if self.text is not None and (not self.text or self.text.startswith("-")):
+            raise ValueError(f"value {self.text!r} for {self.flag} is empty or looks like another flag")
+        if self.flag in SWITCHES and self.value is not None:
+            raise ValueError(f"{self.flag} is a switch: it takes no value")
+        if self.flag in VALUED and self.value is None:
+            raise ValueError(f"{self.flag} needs a value")
+        if self.flag in MULTI_GPU_ONLY and not self.multi_gpu:
+            raise ValueError(f"{self.flag} changes nothing on a one-GPU engine: set multi_gpu: true")
+        return self
+
+
+# vLLM flags a rung is checked against (others are taken as written).
+SWITCHES = frozenset({"--disable-custom-all-reduce", "--enforce-eager", "--disable-cascade-attn"})
+VALUED = frozenset({"--block-size", "--max-num-batched-tokens", "--gpu-memory-utilization", "--kv-cache-dtype"})
+MULTI_GPU_ONLY = frozenset({"--disable-custom-all-reduce"})
+
+
 class LowerMaxNumSeqsAction(_Action):
     """The max-num-seqs governor: lower under pressure (canary on one replica first), raise when it is gone.
 
@@ -72,12 +120,24 @@ class LowerMaxNumSeqsAction(_Action):
     # What the engine runs when its arguments carry no --max-num-seqs (vLLM's default depends on the GPU).
     assumed_default: int = Field(default=256, ge=1)
     raise_: RaiseSpec | None = Field(default=None, alias="raise")
+    # The next rungs once max-num-seqs cannot go lower (its floor, or the throughput limit) and the SLO still
+    # breaches: engine flags added in order, each as a canary judged against its baseline.
+    then: list[FlagRung] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _ladder_positive(self) -> LowerMaxNumSeqsAction:
         if self.ladder is not None and any(v < 1 for v in self.ladder):
             raise ValueError("ladder values must be positive integers")
         return self
+
+    @field_validator("then")
+    @classmethod
+    def _one_rung_per_flag(cls, rungs: list[FlagRung]) -> list[FlagRung]:
+        flags = [r.flag for r in rungs]
+        repeated = sorted({f for f in flags if flags.count(f) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} appears more than once: one rung per flag")
+        return rungs
 
 
 class CordonAction(_Action):

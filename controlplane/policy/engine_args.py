@@ -42,3 +42,24 @@ def set_flag(args: Sequence[str], flag: str, value: str) -> list[str]:
             continue
         out.append(arg)
     return [*out, flag, value]
+
+
+def has_flag(args: Sequence[str], flag: str, value: str | None) -> bool:
+    """Whether ``args`` already carry ``flag`` (a switch when ``value`` is None) with that value."""
+    if value is None:
+        return flag in args
+    return get_flag(args, flag) == value
+
+
+def with_flag(args: Sequence[str], flag: str, value: str | None) -> list[str]:
+    """``args`` with ``flag`` added: a switch once, a valued flag replacing any earlier value."""
+    if value is None:
+        return list(args) if flag in args else [*args, flag]
+    return set_flag(args, flag, value)
+
+
+def spans_gpus(args: Sequence[str], gpus: Sequence[int]) -> bool:
+    """Whether an engine runs over more than one GPU: several GPUs assigned, or tensor/pipeline parallel > 1."""
+    tensor = get_int_flag(args, "--tensor-parallel-size") or get_int_flag(args, "-tp") or 1
+    pipeline = get_int_flag(args, "--pipeline-parallel-size") or get_int_flag(args, "-pp") or 1
+    return len(gpus) > 1 or tensor * pipeline > 1

@@ -157,7 +157,7 @@ def evaluate_policy(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> l
         out: list[ProposedAction] = []
         for model in sorted({r.model for r in managed}):
             out += govern_model(policy, policy.condition, policy.action,
-                                [r for r in managed if r.model == model], now)
+                                [r for r in managed if r.model == model], now, snapshot.flag_trials)
         return out
     return actions_for(policy, detect(policy, snapshot, now), snapshot)
 

@@ -47,7 +47,8 @@ from controlplane.policy.durations import format_duration
 from controlplane.policy.engine_args import set_flag
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target
-from controlplane.policy.snapshot import Replica, ReplicaSample
+from controlplane.policy.rungs import past_max_num_seqs
+from controlplane.policy.snapshot import FlagTrial, Replica, ReplicaSample
 
 FLAG = "--max-num-seqs"
 _INVERSE: dict[Op, Op] = {">": "<=", ">=": "<", "<": ">=", "<=": ">"}
@@ -210,15 +211,19 @@ def _replica_target(replica: Replica) -> Target:
 
 
 def govern_model(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsAction,
-                 replicas: Sequence[Replica], now: datetime) -> list[ProposedAction]:
-    """Governor decisions for one model's managed replicas (serving ones are judged; restarting ones wait)."""
+                 replicas: Sequence[Replica], now: datetime,
+                 trials: Sequence[FlagTrial] = ()) -> list[ProposedAction]:
+    """Governor decisions for one model's managed replicas (serving ones are judged; restarting ones wait);
+    ``trials``: flag rungs recently taken back on the fleet."""
     replicas = [r for r in replicas if r.serving or r.state in SETTLING]
+    if any(r.converging for r in replicas):
+        return []  # a change (a rollback, a restart) is on its way: proposals would start from stale arguments
     cur = {r.key: current_value(r, action) for r in replicas}
     findings = {r.key: detect_threshold(cond, r, now, at_value(r, cur[r.key])) if r.serving else None
                 for r in replicas}
     breaching = [r for r in replicas if findings[r.key] is not None]
     if breaching:
-        return _lower(policy, cond, action, replicas, breaching, cur, findings, now)
+        return _lower(policy, cond, action, replicas, breaching, cur, findings, now, trials)
     settling = [r for r in replicas if not r.serving or covering(at_value(r, cur[r.key]), now, cond.for_) is None]
     if action.raise_ is not None and not settling:  # one change in flight per model: let the last one prove itself
         return _raise(policy, cond, action, replicas, cur, now)
@@ -227,7 +232,7 @@ def govern_model(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSe
 
 def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsAction, replicas: Sequence[Replica],
            breaching: list[Replica], cur: dict[str, int], findings: dict[str, Finding | None],
-           now: datetime) -> list[ProposedAction]:
+           now: datetime, trials: Sequence[FlagTrial]) -> list[ProposedAction]:
     out: list[ProposedAction] = []
     top = max(cur[b.key] for b in breaching)
     lower = [r for r in replicas if r not in breaching and cur[r.key] < top]
@@ -261,20 +266,14 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
         finding = findings[replica.key]
         assert finding is not None
         drop = _throughput_drop(replica, replicas, cur, cond, action, now)
-        if drop is not None:
-            out.append(ProposedAction(
-                policy=policy.name, kind="alert", target=_replica_target(replica),
-                params={"severity": "warning"}, model=replica.model, findings=[finding],
-                reason=f"{finding.summary}; not lowering max-num-seqs below {cur[replica.key]}: {drop}",
-                runbook_url=policy.runbook_url))
-            continue
-        new = _next_lower(replica, cur[replica.key], cond, action, now)
+        new = None if drop is not None else _next_lower(replica, cur[replica.key], cond, action, now)
         if new is None:
-            out.append(ProposedAction(
-                policy=policy.name, kind="alert", target=_replica_target(replica),
-                params={"severity": "warning"}, model=replica.model, findings=[finding],
-                reason=f"{finding.summary}; max-num-seqs is already at its floor {action.min}: lowering cannot "
-                "help, look at the load or add capacity", runbook_url=policy.runbook_url))
+            why = (f"not lowering max-num-seqs below {cur[replica.key]}: {drop}" if drop is not None else
+                   f"max-num-seqs is already at its floor {action.min}")
+            if any(r.state in SETTLING for r in replicas):
+                continue  # a change in flight proves itself first
+            out += past_max_num_seqs(policy, cond, action, replica, finding, why, current_value(replica, action),
+                                     now, trials)
             continue
         how = "canary on one replica first, then promote to the others" if action.canary else "each replica"
         out.append(_change(

@@ -9,11 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from controlplane.policy.detectors.findings import Finding
 
 ActionKind = Literal[
-    "restart", "rolling_restart", "planned_restart", "lower_max_num_seqs", "raise_max_num_seqs", "cordon", "alert",
+    "restart", "rolling_restart", "planned_restart", "lower_max_num_seqs", "raise_max_num_seqs", "add_engine_flag",
+    "cordon", "alert",
 ]
 # Kinds that take capacity away (a restart drains a replica; a cordon fences a node).
 DISRUPTIVE: frozenset[str] = frozenset(
-    {"restart", "rolling_restart", "planned_restart", "lower_max_num_seqs", "raise_max_num_seqs", "cordon"}
+    {"restart", "rolling_restart", "planned_restart", "lower_max_num_seqs", "raise_max_num_seqs", "add_engine_flag",
+     "cordon"}
 )
 # Kinds that stop replicas and so count against a model's disruption budget.
 STOPS_REPLICAS: frozenset[str] = DISRUPTIVE - {"cordon"}

@@ -60,6 +60,9 @@ class ReplicaSample:
     # The --max-num-seqs the engine ran with when this was read; lets the governor remember which values
     # broke the SLO without any state of its own.
     max_num_seqs: int | None = None
+    # The generation (desired-state restart count) the engine ran at: samples of one engine instance, so
+    # a flag change is judged only on readings taken after it.
+    generation: int | None = None
 
     def __post_init__(self) -> None:
         _aware(self.at)
@@ -90,6 +93,8 @@ class Replica(_Frozen):
     state_since: datetime | None = None
     engine_args: list[str] = Field(default_factory=list)
     generation: int = 0
+    # The generation the control plane asked for; above ``generation`` while the agent has yet to converge.
+    desired_generation: int | None = None
     restarts_total: int = 0
     last_exit_code: int | None = None
     log_tail: list[str] = Field(default_factory=list)
@@ -108,6 +113,11 @@ class Replica(_Frozen):
     @property
     def serving(self) -> bool:
         return self.state in SERVING_STATES
+
+    @property
+    def converging(self) -> bool:
+        """A change was asked for that the agent has not reported yet (its reported args are about to go)."""
+        return self.desired_generation is not None and self.desired_generation > self.generation
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,11 +160,23 @@ class Node(_Frozen):
     last_report_at: AwareDatetime | None = None
 
 
+class FlagTrial(_Frozen):
+    """An engine flag the governor tried on a model and took back (its canary rolled back or failed)."""
+
+    model: str
+    flag: str
+    value: str | None = None
+    at: AwareDatetime
+    outcome: str = ""
+
+
 class FleetSnapshot(_Frozen):
     now: AwareDatetime
     nodes: list[Node] = Field(default_factory=list)
     gpus: list[Gpu] = Field(default_factory=list)
     replicas: list[Replica] = Field(default_factory=list)
+    # Recent flag canaries that were taken back, so the governor does not retry them at once.
+    flag_trials: list[FlagTrial] = Field(default_factory=list)
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -184,5 +206,6 @@ def sample_from_status(at: datetime, status: ReplicaStatus) -> ReplicaSample:
         canary_ok=status.canary_ok,
         canary_ttft_seconds=status.canary_ttft_seconds,
         max_num_seqs=get_int_flag(status.engine_args, "--max-num-seqs"),
+        generation=status.generation,
     )
 

@@ -8,6 +8,10 @@ Which latencies are judged is the change's to say: a max-num-seqs change governe
 judged on inter-token latency and throughput only, because a smaller batch under load is expected to move
 queueing into TTFT (the trade the governor makes; ttft-slo alerts on TTFT itself). TTFT is still reported in
 the figures. Without a say, both p99s are judged.
+
+A change made to cut latency (a flag rung) also says how much it must cut: with ``min_latency_gain`` the
+canary fails unless each judged latency is at least that share below the baseline's (the peers', or its own
+before the change: whichever the caller hands in as ``peers``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ def _mean(samples: Sequence[Values], key: str) -> float | None:
 
 
 def judge_canary(canary: Sequence[Values], peers: Sequence[Sequence[Values]], max_latency_regression: float,
-                 max_throughput_drop: float, latencies: Sequence[str] = LATENCIES) -> CanaryVerdict:
+                 max_throughput_drop: float, latencies: Sequence[str] = LATENCIES, *,
+                 min_latency_gain: float | None = None) -> CanaryVerdict:
     """Compare the canary's window to its peers' (one sequence of sample values per peer) on ``latencies``
     and throughput; the other latency p99s are reported, not judged."""
     if not peers:
@@ -48,10 +53,17 @@ def judge_canary(canary: Sequence[Values], peers: Sequence[Sequence[Values]], ma
     for key in (*LATENCIES, THROUGHPUT):
         mine, theirs = _mean(canary, key), _mean(pooled, key)
         figures[f"canary_{key}"], figures[f"peers_{key}"] = mine, theirs
+        if key in latencies and min_latency_gain is not None and (mine is None or not theirs):
+            problems.append(f"no {key} reading {'of the canary' if mine is None else 'in the baseline'}: "
+                            "a gain cannot be shown")
+            continue
         if mine is None or theirs is None or theirs <= 0:
             continue
         ratio = mine / theirs
-        if key in latencies and ratio > 1 + max_latency_regression:
+        if key in latencies and min_latency_gain is not None and ratio > 1 - min_latency_gain:
+            problems.append(f"{key} {mine:.4g} vs baseline {theirs:.4g} ({ratio - 1:+.0%}; the change must cut "
+                            f"it by {min_latency_gain:.0%})")
+        elif key in latencies and ratio > 1 + max_latency_regression:
             problems.append(f"{key} {mine:.4g} vs peers {theirs:.4g} (+{ratio - 1:.0%}, "
                             f"allowed +{max_latency_regression:.0%})")
         if key == THROUGHPUT and ratio < 1 - max_throughput_drop:
@@ -60,5 +72,8 @@ def judge_canary(canary: Sequence[Values], peers: Sequence[Sequence[Values]], ma
     if problems:
         return CanaryVerdict("fail", "canary worse than its peers: " + "; ".join(problems), figures)
     judged = " and ".join(k.removesuffix("_seconds").replace("_", " ") for k in latencies if k in LATENCIES)
+    if min_latency_gain is not None:
+        return CanaryVerdict("pass", f"canary cut {judged or 'latency'} by at least {min_latency_gain:.0%} against "
+                             "its baseline without losing throughput", figures)
     return CanaryVerdict("pass", f"canary no worse than its peers on {judged + ' and ' if judged else ''}"
                          "throughput", figures)

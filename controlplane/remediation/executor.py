@@ -2,7 +2,8 @@
 
 ``apply_action`` claims an approved action (approved -> running, conditional on the old state, so it happens
 once however many control planes try) and writes the desired state in the same transaction:
-restart -> generation + 1 with the same args; set_flags / lower_max_num_seqs -> generation + 1 with new args;
+restart -> generation + 1 with the same args; set_flags / lower_max_num_seqs / add_engine_flag -> generation + 1
+with new args;
 drain -> enabled false; cordon / uncordon -> the node's ``cordoned`` flag, or with ``scope: gpu`` one index in
 its ``cordoned_gpus``, which the agent reads in its ``DesiredState``; alert -> an alert row with a pending
 delivery. Rolling restarts, multi-replica argument changes and canaries are rollouts (``rollout.py``),
@@ -32,7 +33,7 @@ from controlplane.store.db import session_scope
 from controlplane.store.models import ActionRow, Node, Replica
 
 RESTARTS = frozenset({"restart", "planned_restart"})
-NEW_ARGS = frozenset({"set_flags", "lower_max_num_seqs", "raise_max_num_seqs"})
+NEW_ARGS = frozenset({"set_flags", "lower_max_num_seqs", "raise_max_num_seqs", "add_engine_flag"})
 INSTANT = frozenset({"cordon", "uncordon", "alert"})
 # A drained replica counts as stopped once the agent reports one of these (or stops listing it).
 STOPPED = frozenset({ReplicaState.STOPPED.value})

@@ -25,8 +25,8 @@ from sqlalchemy.orm import Session
 from controlplane.policy.snapshot import REPLICA_SAMPLE_FIELDS, GpuReading, ReplicaSample
 from controlplane.store.models import Sample
 
-_COPIED = REPLICA_SAMPLE_FIELDS - {"at", "canary_ok", "max_num_seqs", "rss_bytes", "gpu_memory_bytes"}
-_INT_FIELDS = ("rss_bytes", "gpu_memory_bytes", "max_num_seqs")
+_INT_FIELDS = ("rss_bytes", "gpu_memory_bytes", "max_num_seqs", "generation")
+_COPIED = REPLICA_SAMPLE_FIELDS - {"at", "canary_ok", *_INT_FIELDS}
 Key = tuple[str, str, str]  # (node, subject kind, subject)
 _COLUMNS = (Sample.id, Sample.node, Sample.subject_kind, Sample.subject, Sample.at, Sample.values)
 

@@ -50,8 +50,10 @@ class OpenActions:
     def blocks(self, a: ProposedAction) -> bool:
         if (a.policy, a.kind, a.target.key) in self.keys:
             return True
-        if a.kind in GOVERNED and a.model in self.governed:
-            return True  # one change in flight per model: a canary rolls its own value to the peers
+        if (a.kind in GOVERNED or a.params.get("governed")) and a.model in self.governed:
+            # One change in flight per model: a canary rolls its own value to the peers, and the governor's
+            # "nothing left to try" waits until the change being judged has had its say.
+            return True
         return a.disruptive and bool(self.busy & set(a.replicas))
 
 

@@ -5,10 +5,15 @@ plane that restarts mid-rollout (or a new leader) carries on from the batch it w
 calls ``advance``: when the current batch reports READY at its new generation the next batch starts, if the
 model's disruption budget still holds without it (drain -> stop -> start -> warm -> READY is the agent's).
 
-A canary (a governed ``--max-num-seqs`` change on one replica with peers) first converges on its own, then
-runs beside its peers for ``canary_window``; ``canary.judge_canary`` compares them over the window's second
-half (the first is the canary's warm-up under load), and the value is rolled to the peers one at a time
-(pass) or the canary gets its previous arguments back (fail -> ``rolled_back``).
+A canary (a governed ``--max-num-seqs`` change, or a flag rung, on one replica with peers) first converges on
+its own, then runs beside its peers for ``canary_window``; ``canary.judge_canary`` compares them over the
+window's second half (the first is the canary's warm-up under load), and the change is rolled to the peers
+one at a time (pass) or the canary gets its previous arguments back (fail -> ``rolled_back``).
+
+A flag rung (``add_engine_flag``) is judged against a like-for-like baseline: the peers that run what the
+canary ran before (the same arguments but for the flag); without any, the canary's own readings over the
+half-window before its change. It must also cut the governed latency by the rung's ``min_latency_gain``. On
+a pass it goes to the peers that take it (a multi-GPU rung skips one-GPU engines) and lack it.
 """
 
 from __future__ import annotations
@@ -24,13 +29,13 @@ from sqlalchemy.orm import Session
 
 from agent.wire import ReplicaState
 from controlplane.fleet.desired import DesiredChange, set_desired
-from controlplane.policy.engine_args import set_flag
+from controlplane.policy.engine_args import get_flag, get_int_flag, has_flag, set_flag, spans_gpus, with_flag
 from controlplane.policy.guardrails import GuardConfig
 from controlplane.remediation.canary import LATENCIES, judge_canary
 from controlplane.store.models import ActionRow, Replica, Sample
 
 FLAG = "--max-num-seqs"
-GOVERNED = frozenset({"lower_max_num_seqs", "raise_max_num_seqs"})
+GOVERNED = frozenset({"lower_max_num_seqs", "raise_max_num_seqs", "add_engine_flag"})
 Verdict = tuple[str, str]
 
 
@@ -68,9 +73,34 @@ def _args_for(row: ActionRow, key: str, replica: Replica | None) -> list[str] | 
     given: Any = row.params.get("engine_args")
     if isinstance(given, dict) and key in given:
         return [str(a) for a in given[key]]
-    # A peer the governor did not list: its own arguments with the canary's value.
+    # A peer the governor did not list: its own arguments with the canary's change.
     base = list(replica.engine_args) if replica is not None else []
+    if row.kind == "add_engine_flag":
+        return with_flag(base, str(row.params["flag"]), _value(row))
     return set_flag(base, FLAG, str(row.params["max_num_seqs"]))
+
+
+def _value(row: ActionRow) -> str | None:
+    value = row.params.get("value")
+    return None if value is None else str(value)
+
+
+def _change(row: ActionRow) -> str:
+    """The change in words: ``--max-num-seqs 32`` or ``--disable-custom-all-reduce``."""
+    if row.kind == "add_engine_flag":
+        value = _value(row)
+        return str(row.params["flag"]) + ("" if value is None else f" {value}")
+    return f"{FLAG} {row.params.get('max_num_seqs')}"
+
+
+def _needs(row: ActionRow, replica: Replica) -> bool:
+    """Whether a peer still lacks the canary's change (and takes it: a multi-GPU rung skips one-GPU engines)."""
+    args = [str(a) for a in replica.engine_args]
+    if row.kind == "add_engine_flag":
+        if row.params.get("multi_gpu") and not spans_gpus(args, list(replica.gpus)):
+            return False
+        return not has_flag(args, str(row.params["flag"]), _value(row))
+    return _current(replica) != int(row.params["max_num_seqs"])
 
 
 def _start_batch(session: Session, row: ActionRow, plan: dict[str, Any], keys: Sequence[str],
@@ -131,11 +161,30 @@ def _budget_allows(session: Session, model: str | None, batch: Sequence[str], gu
     return None
 
 
-def _window(session: Session, key: str, since: datetime) -> list[dict[str, Any]]:
+def _window(session: Session, key: str, since: datetime, until: datetime | None = None) -> list[dict[str, Any]]:
     node, name = _split(key)
-    rows = session.scalars(select(Sample.values).where(Sample.node == node, Sample.subject_kind == "replica",
-                                                        Sample.subject == name, Sample.at >= since))
-    return [dict(v) for v in rows]
+    query = select(Sample.values).where(Sample.node == node, Sample.subject_kind == "replica",
+                                        Sample.subject == name, Sample.at >= since, Sample.resolution_seconds == 0)
+    if until is not None:
+        query = query.where(Sample.at < until)
+    return [dict(v) for v in session.scalars(query)]
+
+
+def _like_for_like(row: ActionRow, plan: dict[str, Any], peers: Sequence[Replica]) -> list[Replica]:
+    """Peers tuned as the canary was before its change: its max-num-seqs and this flag's setting, on as many
+    GPUs when the rung is for multi-GPU engines (ports and other per-instance arguments may differ)."""
+    before = [str(a) for a in plan.get("previous_args") or []]
+    flag = str(row.params["flag"])
+
+    def tuning(args: Sequence[str]) -> tuple[int | None, str | None, bool]:
+        return get_int_flag(args, FLAG), get_flag(args, flag), flag in args
+
+    def alike(peer: Replica) -> bool:
+        args = [str(a) for a in peer.engine_args]
+        takes = not row.params.get("multi_gpu") or spans_gpus(args, list(peer.gpus))
+        return peer.ready and takes and tuning(args) == tuning(before)
+
+    return [p for p in peers if alike(p)]
 
 
 def _judge(session: Session, row: ActionRow, plan: dict[str, Any], now: datetime,
@@ -145,19 +194,31 @@ def _judge(session: Session, row: ActionRow, plan: dict[str, Any], now: datetime
     key = plan["canary"]
     peers = [r for r in session.scalars(select(Replica).where(Replica.model == row.model))
              if _key(r) != key and r.managed]
-    # A lone replica has no peers to compare with: its own SLO is the governor's to judge, next round.
-    if peers and now - ready_at < settings.canary_window:
+    # A lone replica has no peers to compare with: its own SLO is the governor's to judge, next round. A flag
+    # rung always has a baseline (its own readings before the change, at worst), so it waits out the window.
+    judged_alone = not peers and row.kind != "add_engine_flag"
+    if not judged_alone and now - ready_at < settings.canary_window:
         return None
     # The governor says what the change is judged on (its signal, the throughput a lowering may cost).
     judge: dict[str, Any] = row.params.get("judge") or {}
     latencies = judge.get("latencies") or LATENCIES
     drop = judge.get("max_throughput_drop")
+    gain = judge.get("min_latency_gain")
     # Judged on the second half of the window: in the first, the canary warms up under live load (a fresh
     # engine's first steps are slower, and its empty batch refills all at once), which is not its steady state.
     since = ready_at + settings.canary_window / 2
-    verdict = judge_canary(_window(session, key, since), [_window(session, _key(p), since) for p in peers],
-                           settings.max_latency_regression,
-                           settings.max_throughput_drop if drop is None else float(drop), latencies)
+    baseline = [_window(session, _key(p), since) for p in peers]
+    if judge.get("baseline") == "same_args":
+        alike = _like_for_like(row, plan, peers)
+        plan["baseline"] = [_key(p) for p in alike] or "itself before the change"
+        if alike:
+            baseline = [_window(session, _key(p), since) for p in alike]
+        else:  # nobody runs the old arguments any more: the canary's own readings before its change
+            started = datetime.fromisoformat(plan["batch_started_at"])
+            baseline = [_window(session, key, started - settings.canary_window / 2, started)]
+    verdict = judge_canary(_window(session, key, since), baseline, settings.max_latency_regression,
+                           settings.max_throughput_drop if drop is None else float(drop), latencies,
+                           min_latency_gain=None if gain is None else float(gain))
     plan["canary_verdict"] = {"verdict": verdict.verdict, "reason": verdict.reason, "figures": verdict.figures}
     if verdict.verdict == "wait":
         return None
@@ -168,10 +229,11 @@ def _judge(session: Session, row: ActionRow, plan: dict[str, Any], now: datetime
         set_desired(session=session, node=node, name=name, change=DesiredChange(engine_args=previous, enabled=True),
                     now=now)
         plan["phase"], plan["batch"] = "rolled_back", {}
+        if row.kind == "add_engine_flag":
+            return "rolled_back", f"{verdict.reason}; {key} rolled back to its arguments without {_change(row)}"
         return "rolled_back", f"{verdict.reason}; {key} rolled back to {FLAG} {row.params.get('previous')}"
-    value = int(row.params["max_num_seqs"])
     plan["phase"], plan["batch"] = "rolling", {}
-    plan["queue"] = [[_key(p)] for p in sorted(peers, key=_key) if _current(p) != value]
+    plan["queue"] = [[_key(p)] for p in sorted(peers, key=_key) if _needs(row, p)]
     return None
 
 

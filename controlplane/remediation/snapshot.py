@@ -8,21 +8,23 @@ subject kind grouped in Python: per-replica queries would be 8,000 round trips.
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agent.wire import ReplicaState
-from controlplane.policy.snapshot import FleetSnapshot, Gpu, GpuReading, Node, Replica, ReplicaSample
+from controlplane.policy.snapshot import FlagTrial, FleetSnapshot, Gpu, GpuReading, Node, Replica, ReplicaSample
 from controlplane.remediation.history import SampleHistory, gpu_reading, replica_sample
+from controlplane.store.models import ActionRow, DesiredReplica, Sample
 from controlplane.store.models import Gpu as GpuRow
 from controlplane.store.models import Node as NodeRow
 from controlplane.store.models import Replica as ReplicaRow
-from controlplane.store.models import Sample
 
 Point = tuple[datetime, dict[str, Any]]
+# How far back taken-back flag rungs are read (a rung's retry_after is at most this useful).
+TRIALS_LOOKBACK = timedelta(days=1)
 
 
 def _histories(session: Session, kind: str, since: datetime,
@@ -62,6 +64,8 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
     if model is not None:
         replica_query = replica_query.where(r_cols.model == model)
     rows = session.execute(replica_query).all()
+    desired = {(node, name): generation for node, name, generation in session.execute(
+        select(DesiredReplica.node, DesiredReplica.name, DesiredReplica.generation))}
     stored: dict[tuple[str, str], list[Point]] = {}
     if use_history and samples is None:
         stored = _histories(session, "replica", since, {(r.node, r.name) for r in rows} if model else None)
@@ -76,7 +80,8 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
     replicas = [Replica.model_construct(
         node=r.node, labels={}, name=r.name, model=r.model, gpus=list(r.gpus), state=ReplicaState(r.state),
         ready=r.ready, managed=r.managed, state_since=r.state_since, engine_args=list(r.engine_args),
-        generation=r.generation, restarts_total=r.restarts_total, last_exit_code=r.last_exit_code,
+        generation=r.generation, desired_generation=desired.get((r.node, r.name)),
+        restarts_total=r.restarts_total, last_exit_code=r.last_exit_code,
         log_tail=list(r.log_tail), history=replica_history(r.node, r.name),
     ) for r in rows]
     gpus: list[Gpu] = []
@@ -106,4 +111,22 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
             ))
     # Constructed, not validated: every part was validated on its way into the store, and validating
     # 8,000 replicas' histories would hold the interpreter for seconds while reports wait.
-    return FleetSnapshot.model_construct(now=now, nodes=nodes, gpus=gpus, replicas=replicas)
+    return FleetSnapshot.model_construct(now=now, nodes=nodes, gpus=gpus, replicas=replicas,
+                                         flag_trials=flag_trials(session, now))
+
+
+def flag_trials(session: Session, now: datetime) -> list[FlagTrial]:
+    """Flag rungs the governor tried and took back (canary rolled back, or the rollout failed) lately."""
+    rows = session.execute(select(ActionRow.model, ActionRow.params, ActionRow.state, ActionRow.outcome,
+                                  ActionRow.updated_at)
+                           .where(ActionRow.kind == "add_engine_flag",
+                                  ActionRow.state.in_(("rolled_back", "failed")),
+                                  ActionRow.updated_at >= now - TRIALS_LOOKBACK))
+    return [FlagTrial(model=model, flag=str(params.get("flag")),
+                      value=None if params.get("value") is None else str(params["value"]),
+                      at=_aware(at), outcome=f"{state}: {outcome}"[:300])
+            for model, params, state, outcome, at in rows if model is not None and params.get("flag")]
+
+
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)

@@ -1,8 +1,10 @@
+from agent.wire import ReplicaState
 from controlplane.policy.actions import LowerMaxNumSeqsAction
 from controlplane.policy.evaluate import evaluate_policy
 from controlplane.policy.governor import lower_value, proportional_value, raise_value
 from controlplane.policy.loader import load_directory
-from tests.policy.series import fleet, healthy, replica
+from controlplane.policy.snapshot import FlagTrial
+from tests.policy.series import at, fleet, healthy, replica
 
 SHIPPED = next(p for p in load_directory() if p.name == "itl-slo")
 # The canary, promotion and raise mechanics, one rung per breach (the ladder step): easy to follow by hand.
@@ -77,11 +79,98 @@ def test_a_canary_still_breaching_goes_deeper_not_another_replica():
     assert act.target.key == "replica:n1/r2" and act.params["max_num_seqs"] == 128
 
 
-def test_at_the_floor_the_governor_alerts_instead():
+def test_at_the_floor_without_rungs_the_governor_alerts_instead():
+    bare = ITL.model_copy(update={"action": ITL.action.model_copy(update={"then": []})})
     reps = [rep("r1", 16, breaching(16, 0, 300))]
     snap = fleet(300, reps)
+    [act] = evaluate_policy(bare, snap, snap.now)
+    assert act.kind == "alert" and "floor" in act.reason and "no further rung" in act.reason
+
+
+def flagged(name: str, value: int, history, gpus=(0,), extra=(), generation: int = 1):
+    return replica(name=name, args=[*ARGS, str(value), *extra], history=history, gpus=list(gpus),
+                   generation=generation)
+
+
+def test_at_the_floor_a_multi_gpu_replica_gets_the_first_rung_as_a_canary():
+    reps = [flagged("r1", 16, breaching(16, 0, 300), gpus=(0, 1)),
+            flagged("r2", 16, breaching(16, 0, 300, itl=0.5), gpus=(2, 3))]
+    snap = fleet(300, reps)
     [act] = evaluate_policy(ITL, snap, snap.now)
-    assert act.kind == "alert" and "floor" in act.reason
+    assert act.kind == "add_engine_flag" and act.target.key == "replica:n1/r2"  # the worst one
+    assert act.params["flag"] == "--disable-custom-all-reduce" and act.params["value"] is None
+    assert act.params["rung"] == 1 and act.params["multi_gpu"] is True
+    assert act.params["engine_args"]["n1/r2"] == [*ARGS, "16", "--disable-custom-all-reduce"]
+    assert act.params["judge"] == {"latencies": ["itl_p99_seconds"], "max_throughput_drop": 0.35,
+                                   "min_latency_gain": 0.05, "baseline": "same_args"}
+    assert "floor 16" in act.reason and "rung 1 of 2" in act.reason
+    assert act.disruptive and act.replicas == ["n1/r2"]
+
+
+def test_a_one_gpu_replica_skips_the_multi_gpu_rung_and_a_set_rung_is_not_repeated():
+    snap = fleet(300, [flagged("r1", 16, breaching(16, 0, 300))])
+    [act] = evaluate_policy(ITL, snap, snap.now)
+    assert act.params["flag"] == "--block-size" and act.params["value"] == "32" and act.params["rung"] == 2
+    assert act.params["engine_args"]["n1/r1"] == [*ARGS, "16", "--block-size", "32"]
+    # Tensor parallel counts as multi-GPU even when the agent lists one device.
+    snap = fleet(300, [flagged("r1", 16, breaching(16, 0, 300), extra=["--tensor-parallel-size", "2"])])
+    [act] = evaluate_policy(ITL, snap, snap.now)
+    assert act.params["flag"] == "--disable-custom-all-reduce"
+    # Every rung already set: the ladder is spent, and the warning says so.
+    snap = fleet(300, [flagged("r1", 16, breaching(16, 0, 300), gpus=(0, 1),
+                               extra=["--disable-custom-all-reduce", "--block-size", "32"])])
+    [act] = evaluate_policy(ITL, snap, snap.now)
+    assert act.kind == "alert" and "already set" in act.reason and "add capacity" in act.reason
+
+
+def test_a_rung_taken_back_is_not_retried_until_its_retry_after():
+    reps = [flagged("r1", 16, breaching(16, 0, 300), gpus=(0, 1))]
+    trial = FlagTrial(model="llama-8b", flag="--disable-custom-all-reduce", at=at(100),
+                      outcome="rolled_back: canary did not cut itl")
+    snap = fleet(300, reps).model_copy(update={"flag_trials": [trial]})
+    [act] = evaluate_policy(ITL, snap, snap.now)
+    assert act.params["flag"] == "--block-size"  # the next rung instead
+    other_model = trial.model_copy(update={"model": "other"})
+    snap = fleet(300, reps).model_copy(update={"flag_trials": [other_model]})
+    assert evaluate_policy(ITL, snap, snap.now)[0].params["flag"] == "--disable-custom-all-reduce"
+    block = FlagTrial(model="llama-8b", flag="--block-size", value="32", at=at(200), outcome="failed: deadline")
+    snap = fleet(300, reps).model_copy(update={"flag_trials": [trial, block]})
+    [act] = evaluate_policy(ITL, snap, snap.now)
+    assert act.kind == "alert" and "taken back" in act.reason and "not retried for 6h" in act.reason
+    later = fleet(300 + 6 * 3600, [flagged("r1", 16, breaching(16, 6 * 3600, 300), gpus=(0, 1))])
+    later = later.model_copy(update={"flag_trials": [trial, block]})
+    assert evaluate_policy(ITL, later, later.now)[0].params["flag"] == "--disable-custom-all-reduce"
+
+
+def test_a_rung_waits_for_the_breach_on_the_engine_running_now():
+    # r1 restarted into generation 2 (a rung rolled to it) 30 s ago: the breach before it says nothing
+    # about the new engine, so the next rung waits until the new engine has breached for the full minute.
+    history = breaching(16, 0, 260, generation=1) + breaching(16, 270, 30, generation=2)
+    snap = fleet(300, [flagged("r1", 16, history, gpus=(0, 1), generation=2,
+                               extra=["--disable-custom-all-reduce"])])
+    assert evaluate_policy(ITL, snap, snap.now) == []
+    history += breaching(16, 310, 60, generation=2)
+    snap = fleet(370, [flagged("r1", 16, history, gpus=(0, 1), generation=2, extra=["--disable-custom-all-reduce"])])
+    [act] = evaluate_policy(ITL, snap, snap.now)
+    assert act.params["flag"] == "--block-size"
+
+
+def test_no_rung_while_a_replica_of_the_model_restarts():
+    reps = [flagged("r1", 16, breaching(16, 0, 300), gpus=(0, 1)),
+            replica(name="r2", args=[*ARGS, "16"], history=breaching(16, 0, 250), gpus=[2, 3],
+                    state=ReplicaState.STARTING)]
+    snap = fleet(300, reps)
+    assert evaluate_policy(ITL, snap, snap.now) == []
+
+
+def test_past_the_throughput_limit_the_next_rung_is_tried_instead_of_a_smaller_batch():
+    reps = [rep("r1", 256, breaching(256, 0, 600, running=128, generation_tokens_per_second=3000.0)),
+            rep("r2", 48, breaching(256, 0, 300, running=128, generation_tokens_per_second=3000.0)
+                + breaching(48, 400, 200, itl=0.21, running=48, generation_tokens_per_second=1650.0))]
+    snap = fleet(600, reps)
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    assert act.kind == "add_engine_flag" and act.target.key == "replica:n1/r2"
+    assert act.params["flag"] == "--block-size" and "45% below its peers" in act.reason
 
 
 def test_raise_waits_for_the_slo_met_with_margin_for_the_longer_duration():
@@ -197,7 +286,8 @@ def test_a_canary_that_lost_too_much_throughput_is_not_lowered_further():
             rep("r2", 48, breaching(256, 0, 300, running=128, generation_tokens_per_second=3000.0)
                 + breaching(48, 400, 200, itl=0.21, running=48, generation_tokens_per_second=1650.0))]
     snap = fleet(600, reps)
-    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    bare = SHIPPED.model_copy(update={"action": SHIPPED.action.model_copy(update={"then": []})})
+    [act] = evaluate_policy(bare, snap, snap.now)
     assert act.kind == "alert" and act.target.key == "replica:n1/r2"
     assert "45% below its peers" in act.reason and "capacity" in act.reason
     # The same replica at 80 % of its peers' throughput is lowered further.
@@ -263,3 +353,13 @@ def test_a_canary_value_that_cost_too_much_throughput_is_not_promoted():
     snap = fleet(600, reps)
     [act] = evaluate_policy(SHIPPED, snap, snap.now)
     assert act.target.key == "model:llama-8b" and act.params["max_num_seqs"] == 48
+
+
+def test_nothing_is_proposed_while_a_replica_has_yet_to_take_its_last_change():
+    # r1's canary was just rolled back (desired generation 3, still reporting 2 with the flag): a proposal now
+    # would be built from arguments that are about to go away.
+    reps = [replica(name="r1", args=[*ARGS, "16", "--disable-custom-all-reduce"], history=breaching(16, 0, 300),
+                    gpus=[0, 1], generation=2, desired_generation=3),
+            flagged("r2", 16, breaching(16, 0, 300), gpus=(2, 3))]
+    snap = fleet(300, reps)
+    assert evaluate_policy(ITL, snap, snap.now) == []

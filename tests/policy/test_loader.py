@@ -128,3 +128,41 @@ def test_unknown_step_names_its_line(tmp_path):
     _, errors = errors_of(tmp_path, text)
     assert [(e.line, e.field) for e in errors] == [(5, "action.step"), (6, "action.headroom")]
     assert "'halve'" in errors[0].message
+
+
+RUNGS = """\
+name: x
+condition: {signal: itl_p99_seconds, op: ">", threshold: 0.2, for: 1m}
+action:
+  kind: lower_max_num_seqs
+  then:
+    - flag: --disable-custom-all-reduce
+    - flag: --block-size
+    - {flag: --enforce-eager, value: "yes"}
+    - {flag: --max-num-seqs, value: 8}
+    - {flag: block-size, value: 32}
+"""
+
+
+def test_flag_rungs_are_checked_each_at_its_own_line(tmp_path):
+    _, errors = errors_of(tmp_path, RUNGS)
+    assert [(e.line, e.field) for e in errors] == [
+        (6, "action.then[0]"), (7, "action.then[1]"), (8, "action.then[2]"), (9, "action.then[3]"),
+        (10, "action.then[4].flag")]
+    assert "set multi_gpu: true" in errors[0].message and "needs a value" in errors[1].message
+    assert "is a switch" in errors[2].message and "governor's own lever" in errors[3].message
+
+
+def test_a_flag_named_twice_in_the_ladder_is_refused(tmp_path):
+    text = RUNGS.split("  then:")[0] + "  then:\n    - {flag: --block-size, value: 32}\n" \
+                                       "    - {flag: --block-size, value: 8}\n"
+    _, errors = errors_of(tmp_path, text)
+    assert [(e.line, e.field) for e in errors] == [(6, "action.then")]
+    assert "--block-size appears more than once" in errors[0].message
+
+
+def test_the_shipped_ladder_is_the_practitioners_order():
+    itl = next(p for p in load_directory() if p.name == "itl-slo")
+    assert isinstance(itl.action, LowerMaxNumSeqsAction)
+    assert [(r.label, r.multi_gpu) for r in itl.action.then] == [
+        ("--disable-custom-all-reduce", True), ("--block-size 32", False)]

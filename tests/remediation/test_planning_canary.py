@@ -50,3 +50,17 @@ def test_a_canary_with_worse_latency_or_much_less_throughput_fails() -> None:
 
 def test_a_canary_without_samples_waits() -> None:
     assert judge_canary([], [_samples(0.8, 0.02, 100)], 0.1, 0.25).verdict == "wait"
+
+
+def test_a_change_made_to_cut_latency_must_cut_it_by_the_gain_asked_for() -> None:
+    baseline = [_samples(0.8, 0.30, 100)]
+    cut = judge_canary(_samples(0.8, 0.15, 98), baseline, 0.1, 0.25, ["itl_p99_seconds"], min_latency_gain=0.05)
+    assert cut.verdict == "pass" and "cut itl p99 by at least 5%" in cut.reason
+    flat = judge_canary(_samples(0.8, 0.29, 100), baseline, 0.1, 0.25, ["itl_p99_seconds"], min_latency_gain=0.05)
+    assert flat.verdict == "fail" and "must cut it by 5%" in flat.reason and "-3%" in flat.reason
+    # Cutting latency by starving throughput is still a failure.
+    starved = judge_canary(_samples(0.8, 0.15, 60), baseline, 0.1, 0.25, ["itl_p99_seconds"], min_latency_gain=0.05)
+    assert starved.verdict == "fail" and "generation_tokens_per_second" in starved.reason
+    # No baseline reading: a gain cannot be shown, so the change is not kept.
+    empty = judge_canary(_samples(0.8, 0.15, 100), [[]], 0.1, 0.25, ["itl_p99_seconds"], min_latency_gain=0.05)
+    assert empty.verdict == "fail" and "a gain cannot be shown" in empty.reason
