@@ -10,7 +10,7 @@ import pytest
 
 import tests.remediation.fleet as sim_fleet
 from tests.controlplane import pg
-from tests.remediation import test_guarded_flows, test_loop
+from tests.remediation import test_flag_rungs, test_guarded_flows, test_loop
 
 pytestmark = pytest.mark.slow
 
@@ -18,6 +18,7 @@ FLOWS: list[Callable[[Path], None]] = [
     test_loop.test_a_stalled_replica_is_restarted_with_its_log_tail_kept_and_succeeds_when_ready,
     test_loop.test_an_itl_breach_lowers_max_num_seqs_on_a_canary_then_rolls_it_to_the_peers,
     test_loop.test_a_canary_worse_than_its_peers_is_rolled_back,
+    test_flag_rungs.test_a_rung_that_does_not_help_is_taken_back_and_the_next_rung_follows,
     test_loop.test_a_hardware_xid_cordons_the_node_and_pages_until_an_operator_uncordons,
     test_guarded_flows.test_failures_trip_the_breaker_until_an_operator_resets_it,
     test_guarded_flows.test_a_rolling_restart_goes_one_at_a_time_and_resumes_after_a_control_plane_restart,
