@@ -23,7 +23,7 @@ from sqlalchemy.sql.elements import BindParameter
 
 from agent.wire import DesiredState, GpuSample, NodeReport, ReplicaSpec, ReplicaStatus
 from controlplane.fleet.sequencing import Verdict, classify
-from controlplane.policy.engine_args import get_int_flag
+from controlplane.policy.engine_args import flags_key, get_int_flag
 from controlplane.store.models import DesiredReplica, Gpu, Node, Replica, ReplicaEventRow, Sample, UtcDateTime
 
 # The numeric fields kept as time series; everything else is only kept as the latest reading.
@@ -56,14 +56,15 @@ def replica_series_values(status: ReplicaStatus) -> dict[str, float]:
             values[field] = float(value)
     if status.canary_ttft_seconds is not None:
         values["canary_ttft_seconds"] = status.canary_ttft_seconds
-    # The policy engine's stall detector reads the canary, the governor the max-num-seqs and generation each
-    # sample ran with.
+    # The policy engine's stall detector reads the canary, the governor the max-num-seqs, generation and other
+    # flags (their digest) each sample ran with.
     if status.canary_ok is not None:
         values["canary_ok"] = 1.0 if status.canary_ok else 0.0
     max_num_seqs = get_int_flag(status.engine_args, "--max-num-seqs")
     if max_num_seqs is not None:
         values["max_num_seqs"] = float(max_num_seqs)
     values["generation"] = float(status.generation)
+    values["flags_key"] = float(flags_key(status.engine_args))
     return values
 
 

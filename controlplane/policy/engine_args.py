@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 
 
@@ -29,6 +30,11 @@ def get_int_flag(args: Sequence[str], flag: str) -> int | None:
 
 def set_flag(args: Sequence[str], flag: str, value: str) -> list[str]:
     """A copy of ``args`` with every occurrence of ``flag`` removed and ``flag value`` appended once."""
+    return [*without_flag(args, flag), flag, value]
+
+
+def without_flag(args: Sequence[str], flag: str) -> list[str]:
+    """A copy of ``args`` with every occurrence of the valued ``flag`` (and its value) removed."""
     out: list[str] = []
     skip = False
     for i, arg in enumerate(args):
@@ -41,7 +47,16 @@ def set_flag(args: Sequence[str], flag: str, value: str) -> list[str]:
         if arg.startswith(flag + "="):
             continue
         out.append(arg)
-    return [*out, flag, value]
+    return out
+
+
+def flags_key(args: Sequence[str]) -> int:
+    """A digest of the engine arguments other than ``--max-num-seqs``: equal keys, same tuning but the batch.
+
+    Samples carry it so the governor compares a max-num-seqs value only with readings taken under the same
+    other flags (a value that broke the SLO before a flag rung says little about it after).
+    """
+    return zlib.crc32("\0".join(without_flag(args, "--max-num-seqs")).encode())
 
 
 def has_flag(args: Sequence[str], flag: str, value: str | None) -> bool:

@@ -137,8 +137,10 @@ def current_value(replica: Replica, action: LowerMaxNumSeqsAction) -> int:
 
 
 def at_value(replica: Replica, value: int) -> list[ReplicaSample]:
-    """History read while the engine ran with ``value`` (samples of an older value say nothing about it)."""
-    return [s for s in replica.history if s.max_num_seqs in (None, value)]
+    """History read while the engine ran with ``value`` and its other flags as now (samples of an older value,
+    or from before a flag rung, say nothing about it)."""
+    key = replica.flags_key
+    return [s for s in replica.history if s.max_num_seqs in (None, value) and s.flags_key in (None, key)]
 
 
 def _broke(samples: Sequence[ReplicaSample], cond: ThresholdCondition) -> bool:
@@ -176,9 +178,12 @@ def breach_ceiling(replicas: Sequence[Replica], cond: ThresholdCondition, rememb
     since = now - timedelta(seconds=remember)
     bad: list[int] = []
     for replica in replicas:
-        values = {s.max_num_seqs for s in replica.history if s.max_num_seqs is not None and s.at >= since}
+        # Only readings under the flags it runs now: a value that broke the SLO before a flag rung may meet it.
+        key = replica.flags_key
+        history = [s for s in replica.history if s.flags_key in (None, key)]
+        values = {s.max_num_seqs for s in history if s.max_num_seqs is not None and s.at >= since}
         for value in values:
-            samples = [s for s in replica.history if s.max_num_seqs == value and since <= s.at <= now]
+            samples = [s for s in history if s.max_num_seqs == value and since <= s.at <= now]
             if _broke(samples, cond):
                 bad.append(value)
     return min(bad) if bad else None

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from agent.wire import ReplicaState, ReplicaStatus
-from controlplane.policy.engine_args import get_int_flag
+from controlplane.policy.engine_args import flags_key, get_int_flag
 
 # Replica states in which an engine is expected to serve; detectors of serving problems look only at these.
 SERVING_STATES = frozenset({ReplicaState.READY, ReplicaState.ATTACHED})
@@ -63,6 +63,8 @@ class ReplicaSample:
     # The generation (desired-state restart count) the engine ran at: samples of one engine instance, so
     # a flag change is judged only on readings taken after it.
     generation: int | None = None
+    # ``engine_args.flags_key`` of the engine's arguments: which other flags the readings were taken under.
+    flags_key: int | None = None
 
     def __post_init__(self) -> None:
         _aware(self.at)
@@ -104,6 +106,11 @@ class Replica(_Frozen):
     def key(self) -> str:
         """Fleet-unique name, ``node/replica``."""
         return f"{self.node}/{self.name}"
+
+    @property
+    def flags_key(self) -> int:
+        """``engine_args.flags_key`` of the arguments it runs with now."""
+        return flags_key(self.engine_args)
 
     @property
     def max_num_seqs(self) -> int | None:
@@ -207,5 +214,6 @@ def sample_from_status(at: datetime, status: ReplicaStatus) -> ReplicaSample:
         canary_ttft_seconds=status.canary_ttft_seconds,
         max_num_seqs=get_int_flag(status.engine_args, "--max-num-seqs"),
         generation=status.generation,
+        flags_key=flags_key(status.engine_args),
     )
 

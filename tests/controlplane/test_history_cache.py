@@ -21,8 +21,10 @@ def _post(client: TestClient, i: int, node: str = "gpu-a") -> None:
         replicas=[replica("r0", ttft=0.1 * (i + 1)), replica("r1", ttft=0.05)], gpus=[gpu(0, temperature=50 + i)])))
 
 
-def _histories(snap: object) -> list[tuple[str, list[float | None]]]:
-    return [(r.key, [s.ttft_p99_seconds for s in r.history]) for r in snap.replicas]  # type: ignore[attr-defined]
+def _histories(snap: object) -> list[tuple[str, list[tuple[float | None, int | None, int | None]]]]:
+    # The latency, plus what the governor keys its comparisons on: the generation and the flags' digest.
+    return [(r.key, [(s.ttft_p99_seconds, s.generation, s.flags_key) for s in r.history])
+            for r in snap.replicas]  # type: ignore[attr-defined]
 
 
 def test_incremental_rounds_see_what_a_full_read_sees(client: TestClient, clock: FakeClock) -> None:
@@ -41,6 +43,7 @@ def test_incremental_rounds_see_what_a_full_read_sees(client: TestClient, clock:
     [r0, _r1] = cached.replicas
     assert [round(s.ttft_p99_seconds or 0, 1) for s in r0.history] == [0.7, 0.8, 0.9, 1.0, 1.1, 1.2]
     assert len(cache) == 6 * 3
+    assert {(s.generation, s.flags_key) for s in r0.history} == {(r0.generation, r0.flags_key)}
 
 
 def _three_reports(client: TestClient, clock: FakeClock) -> tuple[Any, SampleHistory]:

@@ -1,5 +1,8 @@
+import dataclasses
+
 from agent.wire import ReplicaState
 from controlplane.policy.actions import LowerMaxNumSeqsAction
+from controlplane.policy.engine_args import flags_key
 from controlplane.policy.evaluate import evaluate_policy
 from controlplane.policy.governor import lower_value, proportional_value, raise_value
 from controlplane.policy.loader import load_directory
@@ -362,4 +365,24 @@ def test_nothing_is_proposed_while_a_replica_has_yet_to_take_its_last_change():
                     gpus=[0, 1], generation=2, desired_generation=3),
             flagged("r2", 16, breaching(16, 0, 300), gpus=(2, 3))]
     snap = fleet(300, reps)
+    assert evaluate_policy(ITL, snap, snap.now) == []
+
+
+def test_after_a_rung_helps_the_fleet_raises_max_num_seqs_again_under_the_new_flags():
+    # The ladder went 64 -> 32 -> 16 without the flag (every value broke the SLO), then the flag rung fixed
+    # it. Those breaches were under other flags, so 20 comfortable minutes later the governor raises again
+    # instead of sitting at the floor for the hour it remembers breaches.
+    old = flags_key([*ARGS, "16"])
+    new = flags_key([*ARGS, "16", "--disable-custom-all-reduce"])
+    history = (breaching(64, 0, 120, flags_key=old) + breaching(32, 130, 120, flags_key=old)
+               + breaching(16, 260, 120, flags_key=old) + fine(16, 400, 1200, flags_key=new))
+    reps = [flagged("r1", 16, history, gpus=(0, 1), extra=["--disable-custom-all-reduce"])]
+    snap = fleet(1600, reps)
+    [act] = evaluate_policy(ITL, snap, snap.now)
+    assert act.kind == "raise_max_num_seqs" and act.params["max_num_seqs"] == 32
+    assert act.params["engine_args"]["n1/r1"] == [*ARGS[:2], "--disable-custom-all-reduce", "--max-num-seqs", "32"]
+    # Under unchanged flags the same history keeps the floor: 32 broke the SLO within the hour.
+    same = [flagged("r1", 16, [s for s in history if s.flags_key == old]
+                    + [dataclasses.replace(s, flags_key=old) for s in history if s.flags_key == new], gpus=(0, 1))]
+    snap = fleet(1600, same)
     assert evaluate_policy(ITL, snap, snap.now) == []

@@ -1,5 +1,5 @@
 from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus
-from controlplane.policy.engine_args import get_int_flag, set_flag
+from controlplane.policy.engine_args import flags_key, get_int_flag, set_flag
 from controlplane.policy.snapshot import REPLICA_SAMPLE_FIELDS, sample_from_status
 from tests.policy.series import at, replica
 
@@ -35,3 +35,4 @@ def test_sample_from_a_reported_status():
     sample = sample_from_status(at(10), status)
     assert (sample.ttft_p99_seconds, sample.generation_tokens_total) == (0.42, 1e6)
     assert (sample.rss_bytes, sample.gpu_memory_bytes, sample.canary_ok, sample.max_num_seqs) == (123, 456, False, 96)
+    assert sample.generation == status.generation and sample.flags_key == flags_key([])
