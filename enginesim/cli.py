@@ -42,7 +42,12 @@ def _serve_parser() -> argparse.ArgumentParser:
     v.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     v.add_argument("--block-size", type=int, default=16)
     v.add_argument("--enforce-eager", action="store_true", help="accepted; no effect on timing")
-    v.add_argument("--disable-custom-all-reduce", action="store_true", help="accepted; no effect")
+    v.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                   help="GPUs one engine spans; > 1 all-reduces every step (only the slow all-reduce fault "
+                        "makes that cost anything)")
+    v.add_argument("--disable-custom-all-reduce", action="store_true",
+                   help="all-reduce with NCCL instead of vLLM's custom kernel: no cost from the slow all-reduce "
+                        "fault")
     v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     v.add_argument("--shutdown-timeout", type=float, default=0.0,
                    help="on SIGTERM, seconds to let in-flight requests finish (0: abort them)")
@@ -65,6 +70,9 @@ def _serve_parser() -> argparse.ArgumentParser:
     f.add_argument("--fault-xid-code", type=int, default=None, help="XID code (default 13)")
     f.add_argument("--fault-hot-gpu-after", type=float, default=None,
                    help="seconds until the GPU heats past its slowdown temperature")
+    f.add_argument("--fault-slow-all-reduce-ms", type=float, default=None, metavar="MS",
+                   help="every engine step takes MS ms longer while the engine runs tensor parallel with the "
+                        "custom all-reduce (a PCIe host without NVLink); --disable-custom-all-reduce removes it")
     return p
 
 
@@ -92,6 +100,8 @@ def serve_config(argv: list[str], env: Mapping[str, str]) -> tuple[ServeConfig, 
     model = args.model or args.model_flag
     if strays or not model:
         parser.error(f"unexpected arguments: {' '.join(strays)}" if strays else "the model is required")
+    if args.tensor_parallel_size < 1:
+        parser.error(f"--tensor-parallel-size must be at least 1, got {args.tensor_parallel_size}")
     fault_flags = {f.name: getattr(args, "fault_" + f.name) for f in fields(FaultConfig)}
     try:
         faults = resolve_faults(fault_flags, env)
@@ -103,6 +113,7 @@ def serve_config(argv: list[str], env: Mapping[str, str]) -> tuple[ServeConfig, 
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching, shutdown_timeout=args.shutdown_timeout,
+        tensor_parallel_size=args.tensor_parallel_size, disable_custom_all_reduce=args.disable_custom_all_reduce,
         startup_seconds=args.sim_startup_seconds, seed=args.sim_seed,
         gpu_dir=Path(args.sim_gpu_dir or env.get("PITSTOP_SIM_GPU_DIR") or DEFAULT_GPU_DIR),
         gpu_indices=gpu_indices(env.get("CUDA_VISIBLE_DEVICES")), faults=faults,

@@ -1,10 +1,10 @@
 """The simulated EngineCore: one asyncio task that runs scheduler steps and streams tokens to requests.
 
-Each step takes the profile's time for its shape (``SpeedProfile.step_seconds``), then every sequence in the
-batch whose prefill is complete gets one token. Timings recorded per request follow vLLM's definitions:
-queue = arrival to first scheduled, prefill = first scheduled to first token, decode = first to last token.
-TTFT is observed by whoever writes the first token to the client (``RequestHandle.first_token_sent``) so the
-histogram equals what a streaming client measures.
+Each step takes the profile's time for its shape (``SpeedProfile.step_seconds``) plus a fixed overhead (an
+injected slow all-reduce), then every sequence in the batch whose prefill is complete gets one token. Timings
+recorded per request follow vLLM's definitions: queue = arrival to first scheduled, prefill = first scheduled
+to first token, decode = first to last token. TTFT is observed by whoever writes the first token to the client
+(``RequestHandle.first_token_sent``) so the histogram equals what a streaming client measures.
 """
 
 from __future__ import annotations
@@ -79,8 +79,10 @@ class Engine:
     """Continuous batching over a Scheduler, timed by a SpeedProfile, on an injected Clock."""
 
     def __init__(self, *, profile: SpeedProfile, scheduler: Scheduler, metrics: EngineMetrics, clock: Clock,
-                 prefix_caching: bool = True, seed: int = 0) -> None:
+                 prefix_caching: bool = True, seed: int = 0, step_overhead_s: float = 0.0) -> None:
         self.profile = profile
+        # A fixed cost every step pays on top of the profile's (the slow all-reduce fault, ``faults.py``).
+        self.step_overhead_s = step_overhead_s
         self.scheduler = scheduler
         self.metrics = metrics
         self.clock = clock
@@ -218,6 +220,7 @@ class Engine:
             self._on_scheduled(plan)
             seconds = self.profile.step_seconds(len(plan.scheduled), plan.prefill_tokens)
             seconds *= self.profile.warmup_multiplier(self.steps)
+            seconds += self.step_overhead_s
             self.steps += 1
             # The profile's step cost already includes vLLM's host overhead, so the simulator's own work
             # between steps (delivering tokens, HTTP) is absorbed into the next step rather than added to it:

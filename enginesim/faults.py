@@ -29,6 +29,7 @@ class FaultConfig:
     xid_after: float | None = None
     xid_code: int = 13
     hot_gpu_after: float | None = None
+    slow_all_reduce_ms: float = 0.0
 
     @staticmethod
     def flag(name: str) -> str:
@@ -62,7 +63,21 @@ def resolve_faults(flags: Mapping[str, Any], env: Mapping[str, str]) -> FaultCon
     config = FaultConfig(**values)
     if not 0.0 <= config.error_rate <= 1.0:
         raise ValueError(f"error rate must be within 0..1, got {config.error_rate}")
+    if config.slow_all_reduce_ms < 0:
+        raise ValueError(f"slow all-reduce must be at least 0 ms, got {config.slow_all_reduce_ms:g}")
     return config
+
+
+def all_reduce_penalty_seconds(faults: FaultConfig, *, tensor_parallel_size: int, custom_all_reduce: bool) -> float:
+    """Seconds the slow-all-reduce fault adds to every engine step of an engine run this way.
+
+    Only a tensor-parallel engine all-reduces between its GPUs, and only vLLM's custom all-reduce kernel is
+    slow here: on GPUs without a fast peer-to-peer path (PCIe, no NVLink) it loses to NCCL, which
+    ``--disable-custom-all-reduce`` switches to. One GPU, or NCCL, costs nothing extra.
+    """
+    if tensor_parallel_size <= 1 or not custom_all_reduce:
+        return 0.0
+    return faults.slow_all_reduce_ms / 1000.0
 
 
 class RssLeak:

@@ -25,9 +25,9 @@ import uvicorn
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from enginesim.api import DropBrokenStreams, ServingContext, create_app
-from enginesim.clock import RealClock
+from enginesim.clock import Clock, RealClock
 from enginesim.engine import Engine, EngineState
-from enginesim.faults import MIB, FaultConfig, RssLeak
+from enginesim.faults import MIB, FaultConfig, RssLeak, all_reduce_penalty_seconds
 from enginesim.gpufile import SimulatedGpu, remove_readings, write_reading
 from enginesim.metrics import EngineMetrics
 from enginesim.profiles import SpeedProfile
@@ -52,6 +52,8 @@ class ServeConfig:
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     enable_prefix_caching: bool = True
+    tensor_parallel_size: int = 1
+    disable_custom_all_reduce: bool = False
     shutdown_timeout: float = 0.0
     startup_seconds: float = 3.0
     seed: int = 0
@@ -80,8 +82,8 @@ def _log(out: TextIO, message: str) -> None:
     print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [enginesim] {message}", file=out, flush=True)
 
 
-def build_engine(config: ServeConfig, registry: CollectorRegistry) -> Engine:
-    """Engine, scheduler and metrics for ``config`` on the real clock."""
+def build_engine(config: ServeConfig, registry: CollectorRegistry, clock: Clock | None = None) -> Engine:
+    """Engine, scheduler and metrics for ``config``, on the real clock unless given another."""
     blocks = config.profile.kv_capacity_blocks(config.gpu_memory_utilization, config.block_size)
     cache_info = {"block_size": str(config.block_size), "num_gpu_blocks": str(blocks),
                   "gpu_memory_utilization": str(config.gpu_memory_utilization),
@@ -94,8 +96,11 @@ def build_engine(config: ServeConfig, registry: CollectorRegistry) -> Engine:
     GCCollector(registry=registry)
     scheduler = Scheduler(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                           total_blocks=blocks, block_size=config.block_size)
-    return Engine(profile=config.profile, scheduler=scheduler, metrics=metrics, clock=RealClock(),
-                  prefix_caching=config.enable_prefix_caching, seed=config.seed)
+    overhead = all_reduce_penalty_seconds(config.faults, tensor_parallel_size=config.tensor_parallel_size,
+                                          custom_all_reduce=not config.disable_custom_all_reduce)
+    return Engine(profile=config.profile, scheduler=scheduler, metrics=metrics,
+                  clock=RealClock() if clock is None else clock, prefix_caching=config.enable_prefix_caching,
+                  seed=config.seed, step_overhead_s=overhead)
 
 
 async def _every(interval: float, action: Callable[[], None]) -> None:
@@ -161,6 +166,10 @@ async def _run_serving(config: ServeConfig, gpus: list[SimulatedGpu], publisher:
     publisher.engine = engine
     _log(out, f"KV cache: {engine.scheduler.total_blocks} blocks of {config.block_size} tokens "
               f"({engine.scheduler.total_blocks * config.block_size} tokens); max_num_seqs={config.max_num_seqs}")
+    all_reduce = "NCCL" if config.disable_custom_all_reduce else "custom"
+    _log(out, f"tensor_parallel_size={config.tensor_parallel_size}, all-reduce: {all_reduce}"
+              + (f" (+{engine.step_overhead_s * 1000:g} ms per step: slow all-reduce fault)"
+                 if engine.step_overhead_s else ""))
     ctx = ServingContext(engine=engine, model=config.model, served_names=config.names,
                          max_model_len=config.model_len, registry=registry, error_rate=faults.error_rate,
                          rng=random.Random(config.seed + 1))

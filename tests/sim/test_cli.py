@@ -22,9 +22,9 @@ def test_vllm_flags_and_defaults() -> None:
 
 
 def test_unknown_flags_are_collected_with_their_values() -> None:
-    config, ignored = serve_config(["m", "--trust-remote-code", "--tensor-parallel-size", "2", "--dtype=half",
+    config, ignored = serve_config(["m", "--trust-remote-code", "--pipeline-parallel-size", "2", "--dtype=half",
                                     "--port", "9001", "--kv-cache-dtype", "fp8"], {})
-    assert ignored == ["--trust-remote-code", "--tensor-parallel-size", "--dtype", "--kv-cache-dtype"]
+    assert ignored == ["--trust-remote-code", "--pipeline-parallel-size", "--dtype", "--kv-cache-dtype"]
     assert config.port == 9001 and config.model == "m"
     assert split_unknown(["--a", "1", "--b=2", "stray"]) == (["--a", "--b"], ["stray"])
 

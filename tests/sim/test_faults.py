@@ -99,3 +99,19 @@ def test_gpu_files_xid_heat_and_vram_leak(start_sim: StartSim) -> None:
     sim.terminate()
     assert sim.proc.wait(timeout=5) == 0
     assert not any(p.exists() for p in paths)
+
+
+def test_slow_all_reduce_raises_itl_until_the_custom_kernel_is_disabled(start_sim: StartSim) -> None:
+    slow = start_sim("-tp", "2", env={"PITSTOP_SIM_FAULT_SLOW_ALL_REDUCE_MS": "100"})
+    nccl = start_sim("-tp", "2", "--disable-custom-all-reduce", env={"PITSTOP_SIM_FAULT_SLOW_ALL_REDUCE_MS": "100"})
+    body = {"model": "test-model", "prompt": "hello", "max_tokens": 10, "ignore_eos": True}
+
+    def mean_itl(url: str) -> float:
+        assert httpx.post(url + "/v1/completions", json=body, timeout=20).status_code == 200
+        total = metric(url, "vllm:inter_token_latency_seconds_sum")
+        return total / metric(url, "vllm:inter_token_latency_seconds_count")
+
+    slow_itl, nccl_itl = mean_itl(slow.url), mean_itl(nccl.url)
+    assert nccl_itl < 0.05 and 0.09 < slow_itl - nccl_itl < 0.2, (slow_itl, nccl_itl)
+    assert "+100 ms per step: slow all-reduce fault" in slow.output()
+    assert "all-reduce: NCCL" in nccl.output()

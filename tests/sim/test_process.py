@@ -37,7 +37,7 @@ def in_thread(fn: Callable[..., StreamRecord], *args: Any, **kwargs: Any) -> tup
 
 
 def test_cold_start_refuses_connections_then_warms_up(start_sim: StartSim) -> None:
-    sim = start_sim("--trust-remote-code", "--tensor-parallel-size", "1", "--dtype=bfloat16",
+    sim = start_sim("--trust-remote-code", "--pipeline-parallel-size", "1", "--dtype=bfloat16",
                     wait=False, startup=1.5)
     time.sleep(0.8)
     with pytest.raises(httpx.ConnectError):
@@ -46,7 +46,7 @@ def test_cold_start_refuses_connections_then_warms_up(start_sim: StartSim) -> No
     log = sim.output()
     warnings = [line for line in log.splitlines() if line.startswith("WARNING")]
     assert len(warnings) == 1
-    assert all(f in warnings[0] for f in ("--trust-remote-code", "--tensor-parallel-size", "--dtype"))
+    assert all(f in warnings[0] for f in ("--trust-remote-code", "--pipeline-parallel-size", "--dtype"))
     body = {"model": "test-model", "prompt": "warm me up", "max_tokens": 40, "ignore_eos": True}
     durations = []
     for _ in range(4):
