@@ -1,8 +1,11 @@
 """Judging a canary: its p99 latencies and throughput over a window against its peers' over the same window.
 
 Pure. A canary is worse when a judged latency p99 is more than ``max_latency_regression`` above the peers' or
-its generation throughput more than ``max_throughput_drop`` below theirs. Figures are means of the
-per-sample values each agent reported (each already a p99 over the agent's own window).
+its generation throughput more than ``max_throughput_drop`` below theirs. A latency figure is the median of
+the per-sample values the agents reported (each already a p99 over the agent's own scrape window): those
+readings are bursty (a wave of reconnecting clients prefilling at once lifts a few of them several-fold), and
+a mean let one burst in the judged half-window fail a canary that was better in nearly every reading.
+Throughput is the mean (it adds up: the mean rate is the window's tokens).
 
 Which latencies are judged is the change's to say: a max-num-seqs change governed on inter-token latency is
 judged on inter-token latency and throughput only, because a smaller batch under load is expected to move
@@ -16,6 +19,7 @@ before the change: whichever the caller hands in as ``peers``).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,9 +37,12 @@ class CanaryVerdict:
     figures: dict[str, float | None]
 
 
-def _mean(samples: Sequence[Values], key: str) -> float | None:
+def _figure(samples: Sequence[Values], key: str) -> float | None:
+    """The median reading of a latency, the mean of the throughput; None without readings."""
     values = [float(s[key]) for s in samples if s.get(key) is not None]
-    return sum(values) / len(values) if values else None
+    if not values:
+        return None
+    return statistics.median(values) if key != THROUGHPUT else sum(values) / len(values)
 
 
 def judge_canary(canary: Sequence[Values], peers: Sequence[Sequence[Values]], max_latency_regression: float,
@@ -51,7 +58,7 @@ def judge_canary(canary: Sequence[Values], peers: Sequence[Sequence[Values]], ma
     figures: dict[str, float | None] = {}
     problems: list[str] = []
     for key in (*LATENCIES, THROUGHPUT):
-        mine, theirs = _mean(canary, key), _mean(pooled, key)
+        mine, theirs = _figure(canary, key), _figure(pooled, key)
         figures[f"canary_{key}"], figures[f"peers_{key}"] = mine, theirs
         if key in latencies and min_latency_gain is not None and (mine is None or not theirs):
             problems.append(f"no {key} reading {'of the canary' if mine is None else 'in the baseline'}: "

@@ -64,3 +64,20 @@ def test_a_change_made_to_cut_latency_must_cut_it_by_the_gain_asked_for() -> Non
     # No baseline reading: a gain cannot be shown, so the change is not kept.
     empty = judge_canary(_samples(0.8, 0.15, 100), [[]], 0.1, 0.25, ["itl_p99_seconds"], min_latency_gain=0.05)
     assert empty.verdict == "fail" and "a gain cannot be shown" in empty.reason
+
+
+def test_one_burst_in_the_window_does_not_fail_a_canary_that_was_better_in_nearly_every_reading() -> None:
+    # Per-scrape ITL p99 readings: the canary (a smaller batch) sits near 40 ms with one reconnect wave
+    # lifting three readings to 170-300 ms (its mean 14 % over the peer's); its peer at a larger batch reads
+    # 50-140 ms with its own bursts.
+    canary = [{"itl_p99_seconds": v, "generation_tokens_per_second": 2100.0}
+              for v in (0.037, 0.025, 0.037, 0.09, 0.300, 0.290, 0.174, 0.044, 0.037, 0.044, 0.038, 0.037)]
+    peer = [{"itl_p99_seconds": v, "generation_tokens_per_second": 2800.0}
+            for v in (0.092, 0.065, 0.048, 0.132, 0.142, 0.133, 0.092, 0.091, 0.049, 0.048, 0.047, 0.075)]
+    verdict = judge_canary(canary, [peer], 0.1, 0.35, ["itl_p99_seconds"])
+    assert verdict.verdict == "pass", verdict.reason
+    assert verdict.figures["canary_itl_p99_seconds"] == pytest.approx(0.041)
+    assert verdict.figures["peers_itl_p99_seconds"] == pytest.approx(0.083)
+    # Worse in most readings is worse, whatever the odd good one.
+    slow = [{**c, "itl_p99_seconds": 0.12} for c in canary[:9]] + canary[9:]
+    assert judge_canary(slow, [peer], 0.1, 0.35, ["itl_p99_seconds"]).verdict == "fail"
