@@ -185,6 +185,7 @@ def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None, stalled: boo
         generation_tokens_per_second=_rate("generation_tokens", cur, prev),
         requests_per_second=_rate("requests", cur, prev),
         errors_per_second=_rate("errors", cur, prev),
+        preemptions_per_second=_rate("preemptions", cur, prev),
         ttft_p50_seconds=ttft[0], ttft_p95_seconds=ttft[1], ttft_p99_seconds=ttft[2],
         itl_p50_seconds=itl[0], itl_p95_seconds=itl[1], itl_p99_seconds=itl[2],
         e2e_p99_seconds=e2e99,

@@ -34,6 +34,7 @@ pitstop_engine_e2e_p99_seconds         gauge      e2e latency p99 over the last 
 pitstop_engine_generation_tokens_per_second gauge generation throughput
 pitstop_engine_requests_per_second     gauge      finished requests per second
 pitstop_engine_errors_per_second       gauge      requests finished with error or abort per second
+pitstop_engine_preemptions_per_second  gauge      sequences preempted per second (KV cache full)
 pitstop_engine_stalled                 gauge      1 when work is queued but no token moved
 pitstop_engine_scrape_errors_total     counter    failed scrapes of the engine's /metrics
 pitstop_canary_ttft_seconds            gauge      TTFT of the last canary request
@@ -110,6 +111,8 @@ REPLICA_SERIES: tuple[tuple[str, str, str, ReplicaValue], ...] = (
     ("pitstop_engine_requests_per_second", "gauge", "Finished requests per second.", _eng("requests_per_second")),
     ("pitstop_engine_errors_per_second", "gauge", "Errored or aborted requests per second.",
      _eng("errors_per_second")),
+    ("pitstop_engine_preemptions_per_second", "gauge", "Sequences preempted per second (KV cache full).",
+     _eng("preemptions_per_second")),
     ("pitstop_engine_stalled", "gauge", "1 when work is queued and no token moved.",
      lambda r: _bool(r.engine.stalled) if r.engine is not None else None),
     ("pitstop_canary_ttft_seconds", "gauge", "TTFT of the last canary request.", lambda r: r.canary_ttft_seconds),

@@ -56,7 +56,7 @@ class _Grown(_Wire):
     def _omit_added_defaults(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
         data: dict[str, Any] = handler(self)
         for name in self._added_fields:
-            if not getattr(self, name):  # every added field defaults to False or []
+            if not getattr(self, name):  # every added field defaults to something falsy: False, [], None
                 data.pop(name, None)
         return data
 
@@ -85,7 +85,7 @@ class GpuSample(_Grown):
     _added_fields = ("cordoned",)
 
 
-class EngineSample(_Wire):
+class EngineSample(_Grown):
     """What the agent read from one engine's /metrics over the last interval (rates and window quantiles)."""
 
     requests_running: float | None = None
@@ -108,6 +108,18 @@ class EngineSample(_Wire):
     # Requests running or waiting while no generation token moved over the window (a wedged EngineCore).
     stalled: bool | None = None
     scrape_error: str | None = Field(default=None, max_length=2000)
+    # Sequences preempted per second over the interval (KV cache full: their work is recomputed later).
+    preemptions_per_second: float | None = Field(default=None, ge=0)
+
+    _added_fields = ("preemptions_per_second",)
+
+    def preemption_rate(self) -> float | None:
+        """Preemptions per second, an omitted rate read as zero when this sample has rates at all (the agent
+        leaves a zero off the wire; without a previous scrape there are no rates, and None stays None)."""
+        if self.preemptions_per_second is not None:
+            return self.preemptions_per_second
+        has_rates = self.generation_tokens_per_second is not None and self.preemptions_total is not None
+        return 0.0 if has_rates else None
 
 
 class ProcessSample(_Wire):

@@ -54,6 +54,8 @@ def replica_series_values(status: ReplicaStatus) -> dict[str, float]:
         value = None if sample is None else getattr(sample, field)
         if value is not None:
             values[field] = float(value)
+    if status.engine is not None and (preemptions := status.engine.preemption_rate()) is not None:
+        values["preemptions_per_second"] = preemptions
     if status.canary_ttft_seconds is not None:
         values["canary_ttft_seconds"] = status.canary_ttft_seconds
     # The policy engine's stall detector reads the canary, the governor the max-num-seqs, generation and other

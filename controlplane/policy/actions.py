@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, field_validator, model_validator
 
+from controlplane.policy.conditions import ThresholdCondition
 from controlplane.policy.durations import Duration
 
 Severity = Literal["info", "warning", "page"]
@@ -123,12 +124,24 @@ class LowerMaxNumSeqsAction(_Action):
     # The next rungs once max-num-seqs cannot go lower (its floor, or the throughput limit) and the SLO still
     # breaches: engine flags added in order, each as a canary judged against its baseline.
     then: list[FlagRung] = Field(default_factory=list)
+    # Other pressures that lower max-num-seqs (one rung at a time), e.g. preemptions: a smaller batch needs
+    # less KV cache. Raising waits for each to be comfortable too (under its threshold x raise.margin).
+    pressure: list[ThresholdCondition] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _ladder_positive(self) -> LowerMaxNumSeqsAction:
         if self.ladder is not None and any(v < 1 for v in self.ladder):
             raise ValueError("ladder values must be positive integers")
         return self
+
+    @field_validator("pressure")
+    @classmethod
+    def _pressure_is_an_upper_bound(cls, conds: list[ThresholdCondition]) -> list[ThresholdCondition]:
+        for cond in conds:
+            if cond.op not in (">", ">="):
+                raise ValueError(f"a pressure condition lowers max-num-seqs when {cond.signal} is too high: "
+                                 f"use op '>' or '>=' (got {cond.op!r})")
+        return conds
 
     @field_validator("then")
     @classmethod

@@ -173,8 +173,9 @@ def _longest_breach(samples: Sequence[ReplicaSample], cond: ThresholdCondition) 
     return longest
 
 
-def breach_ceiling(replicas: Sequence[Replica], cond: ThresholdCondition, remember: float, now: datetime) -> int | None:
-    """The smallest value at which the SLO broke for its full duration within ``remember``."""
+def breach_ceiling(replicas: Sequence[Replica], conds: Sequence[ThresholdCondition], remember: float,
+                   now: datetime) -> int | None:
+    """The smallest value at which the SLO (or a pressure condition) broke for its duration within ``remember``."""
     since = now - timedelta(seconds=remember)
     bad: list[int] = []
     for replica in replicas:
@@ -184,7 +185,7 @@ def breach_ceiling(replicas: Sequence[Replica], cond: ThresholdCondition, rememb
         values = {s.max_num_seqs for s in history if s.max_num_seqs is not None and s.at >= since}
         for value in values:
             samples = [s for s in history if s.max_num_seqs == value and since <= s.at <= now]
-            if _broke(samples, cond):
+            if any(_broke(samples, cond) for cond in conds):
                 bad.append(value)
     return min(bad) if bad else None
 
@@ -224,20 +225,39 @@ def govern_model(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSe
     if any(r.converging for r in replicas):
         return []  # a change (a rollback, a restart) is on its way: proposals would start from stale arguments
     cur = {r.key: current_value(r, action) for r in replicas}
-    findings = {r.key: detect_threshold(cond, r, now, at_value(r, cur[r.key])) if r.serving else None
-                for r in replicas}
+    breaches = {r.key: _breach(cond, action, r, cur[r.key], now) if r.serving else None for r in replicas}
+    findings = {key: None if b is None else b[0] for key, b in breaches.items()}
+    pressured = {key for key, b in breaches.items() if b is not None and b[1]}
     breaching = [r for r in replicas if findings[r.key] is not None]
     if breaching:
-        return _lower(policy, cond, action, replicas, breaching, cur, findings, now, trials)
+        return _lower(policy, cond, action, replicas, breaching, cur, findings, pressured, now, trials)
     settling = [r for r in replicas if not r.serving or covering(at_value(r, cur[r.key]), now, cond.for_) is None]
     if action.raise_ is not None and not settling:  # one change in flight per model: let the last one prove itself
         return _raise(policy, cond, action, replicas, cur, now)
     return []
 
 
+def _breach(cond: ThresholdCondition, action: LowerMaxNumSeqsAction, replica: Replica, value: int,
+            now: datetime) -> tuple[Finding, bool] | None:
+    """(finding, from a pressure condition): the SLO breach at the replica's current value, else the first
+    ``pressure`` condition that holds."""
+    samples = at_value(replica, value)
+    for condition in (cond, *action.pressure):
+        found = detect_threshold(condition, replica, now, samples)
+        if found is not None:
+            return found, condition is not cond
+    return None
+
+
+def _clear(action: LowerMaxNumSeqsAction, replica: Replica, value: int, now: datetime) -> bool:
+    """No ``pressure`` condition holds at the replica's current value."""
+    samples = at_value(replica, value)
+    return all(detect_threshold(p, replica, now, samples) is None for p in action.pressure)
+
+
 def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsAction, replicas: Sequence[Replica],
            breaching: list[Replica], cur: dict[str, int], findings: dict[str, Finding | None],
-           now: datetime, trials: Sequence[FlagTrial]) -> list[ProposedAction]:
+           pressured: set[str], now: datetime, trials: Sequence[FlagTrial]) -> list[ProposedAction]:
     out: list[ProposedAction] = []
     top = max(cur[b.key] for b in breaching)
     lower = [r for r in replicas if r not in breaching and cur[r.key] < top]
@@ -245,7 +265,7 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
     # Proven: met the SLO for the condition's duration without costing more throughput than allowed (a
     # canary that did is rolled back by its judge, and its value must not be promoted meanwhile).
     proven = [r for r in lower if r.serving and _met(at_value(r, cur[r.key]), now, cond, inverse)
-              and _throughput_drop(r, replicas, cur, cond, action, now) is None]
+              and _clear(action, r, cur[r.key], now) and _throughput_drop(r, replicas, cur, cond, action, now) is None]
     if proven:
         value = max(cur[r.key] for r in proven)
         promote = [b for b in breaching if cur[b.key] > value]
@@ -266,17 +286,30 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
     if rest and action.canary:
         # Values above the lowest breaching one are known bad: deepen there, one replica at a time.
         lowest = min(cur[b.key] for b in rest)
-        rest = [_worst([b for b in rest if cur[b.key] == lowest], cond, findings)]
+        at_lowest = [b for b in rest if cur[b.key] == lowest]
+        # The policy's own signal first: a latency breach outranks a pressure one in picking the canary.
+        slo = [b for b in at_lowest if b.key not in pressured]
+        rest = [_worst(slo or at_lowest, cond, findings)]
     for replica in rest:
         finding = findings[replica.key]
         assert finding is not None
+        pressure = replica.key in pressured
         drop = _throughput_drop(replica, replicas, cur, cond, action, now)
-        new = None if drop is not None else _next_lower(replica, cur[replica.key], cond, action, now)
+        # A pressure breach steps one rung: the proportional model is the policy's latency's, not preemptions'.
+        new = None if drop is not None else (lower_value(cur[replica.key], action) if pressure else
+                                             _next_lower(replica, cur[replica.key], cond, action, now))
         if new is None:
             why = (f"not lowering max-num-seqs below {cur[replica.key]}: {drop}" if drop is not None else
                    f"max-num-seqs is already at its floor {action.min}")
             if any(r.state in SETTLING for r in replicas):
                 continue  # a change in flight proves itself first
+            if pressure:  # the flag rungs are for latency: pressure past the floor needs capacity
+                out.append(ProposedAction(
+                    policy=policy.name, kind="alert", target=_replica_target(replica),
+                    params={"severity": "warning", "governed": True}, model=replica.model, findings=[finding],
+                    reason=f"{finding.summary}; {why}: the KV cache needs room (--gpu-memory-utilization, a shorter "
+                    "--max-model-len, more GPUs) or the model more replicas", runbook_url=policy.runbook_url))
+                continue
             out += past_max_num_seqs(policy, cond, action, replica, finding, why, current_value(replica, action),
                                      now, trials)
             continue
@@ -328,20 +361,29 @@ def _worst(rest: list[Replica], cond: ThresholdCondition, findings: dict[str, Fi
     return max(rest, key=latest) if cond.op[0] == ">" else min(rest, key=latest)
 
 
+def _comfortable(cond: ThresholdCondition, margin: float) -> float:
+    return cond.threshold * margin if cond.op[0] == ">" else cond.threshold / margin
+
+
 def _raise(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsAction, replicas: Sequence[Replica],
            cur: dict[str, int], now: datetime) -> list[ProposedAction]:
     spec = action.raise_
     assert spec is not None
-    comfortable = cond.threshold * spec.margin if cond.op[0] == ">" else cond.threshold / spec.margin
-    ceiling = breach_ceiling(replicas, cond, spec.remember, now)
+    comfortable = _comfortable(cond, spec.margin)
+    ceiling = breach_ceiling(replicas, [cond, *action.pressure], spec.remember, now)
     candidates: list[tuple[Replica, int, list[ReplicaSample]]] = []
     for replica in replicas:
         up = raise_value(cur[replica.key], action, spec.max)
         if up is None or (ceiling is not None and up >= ceiling):
             continue  # settled: the next step up broke the SLO recently
-        run = signal_holds(at_value(replica, cur[replica.key]), now, cond.signal, _INVERSE[cond.op], comfortable,
-                           spec.for_)
-        if run is not None:
+        samples = at_value(replica, cur[replica.key])
+        run = signal_holds(samples, now, cond.signal, _INVERSE[cond.op], comfortable, spec.for_)
+        # Every pressure signal must be comfortable too: no reading over its threshold x margin for as long (a
+        # missing reading is a calm one: the agent leaves a zero preemption rate off the wire).
+        recent = _recent(samples, now, spec.for_)
+        calm = all(OPS[_INVERSE[p.op]](float(v), _comfortable(p, spec.margin))
+                   for p in action.pressure for s in recent if (v := getattr(s, p.signal)) is not None)
+        if run is not None and calm:
             candidates.append((replica, up, run))
     if not candidates:
         return []

@@ -46,6 +46,7 @@ class ReplicaSample:
     generation_tokens_per_second: float | None = None
     requests_per_second: float | None = None
     errors_per_second: float | None = None
+    preemptions_per_second: float | None = None
     ttft_p50_seconds: float | None = None
     ttft_p95_seconds: float | None = None
     ttft_p99_seconds: float | None = None
@@ -76,7 +77,7 @@ REPLICA_SAMPLE_FIELDS = frozenset(f.name for f in fields(ReplicaSample))
 # Numeric sample fields a threshold condition may name.
 Signal = Literal[
     "requests_running", "requests_waiting", "kv_cache_usage_ratio", "preemptions_total",
-    "generation_tokens_per_second", "requests_per_second", "errors_per_second",
+    "generation_tokens_per_second", "requests_per_second", "errors_per_second", "preemptions_per_second",
     "ttft_p50_seconds", "ttft_p95_seconds", "ttft_p99_seconds", "itl_p50_seconds", "itl_p95_seconds",
     "itl_p99_seconds", "e2e_p99_seconds", "rss_bytes", "gpu_memory_bytes", "canary_ttft_seconds",
 ]
@@ -204,6 +205,8 @@ def sample_from_status(at: datetime, status: ReplicaStatus) -> ReplicaSample:
     """One history sample from a replica's status in an agent report (what the store keeps per report)."""
     engine = status.engine.model_dump(exclude={"prefix_cache_hit_ratio", "stalled", "scrape_error",
                                                "prompt_tokens_per_second"}) if status.engine else {}
+    if status.engine is not None:
+        engine["preemptions_per_second"] = status.engine.preemption_rate()
     process = status.process
     return ReplicaSample(
         at=at,

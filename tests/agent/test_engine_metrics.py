@@ -52,6 +52,21 @@ def test_rates_come_from_the_difference_of_two_scrapes() -> None:
     assert sample.generation_tokens_total == 1500
 
 
+def test_preemptions_are_a_rate_too_and_travel_only_when_there_are_some() -> None:
+    before = parse_metrics(render(preemptions=40), at=100.0)
+    after = parse_metrics(render(preemptions=70, kv=0.99), at=110.0)
+    sample = engine_sample(after, before)
+    assert sample.preemptions_per_second == pytest.approx(3.0) and sample.preemptions_total == 70
+    assert sample.model_dump()["preemptions_per_second"] == pytest.approx(3.0)
+    # None preempted: left off the wire, so a control plane that predates the field still reads the report.
+    quiet = engine_sample(parse_metrics(render(preemptions=70), at=120.0), after)
+    assert quiet.preemptions_per_second == 0.0 and "preemptions_per_second" not in quiet.model_dump()
+    # What the control plane reads back: zero, not "unknown" (a rate of sporadic preemptions must not look
+    # like a preemption in every reading); the first scrape has no rates at all.
+    read_back = type(quiet).model_validate(quiet.model_dump())
+    assert read_back.preemption_rate() == 0.0 and after.values and engine_sample(after, None).preemption_rate() is None
+
+
 def test_first_scrape_has_gauges_but_no_rates() -> None:
     sample = engine_sample(parse_metrics(render(running=2, generation_tokens=10, ttft=[0.1]), at=1.0), None)
     assert sample.requests_running == 2

@@ -386,3 +386,48 @@ def test_after_a_rung_helps_the_fleet_raises_max_num_seqs_again_under_the_new_fl
                     + [dataclasses.replace(s, flags_key=old) for s in history if s.flags_key == new], gpus=(0, 1))]
     snap = fleet(1600, same)
     assert evaluate_policy(ITL, snap, snap.now) == []
+
+
+def preempting(value: int, start: float, duration: float, rate: float = 3.0, **over):
+    return fine(value, start, duration, preemptions_per_second=rate, kv_cache_usage_ratio=0.99, **over)
+
+
+def test_preemptions_lower_max_num_seqs_one_rung_at_a_time_even_with_itl_fine():
+    reps = [rep("r1", 256, preempting(256, 0, 300)), rep("r2", 256, preempting(256, 0, 300, rate=6.0))]
+    snap = fleet(300, reps)
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)  # proportional step: but a pressure breach takes one rung
+    assert act.kind == "lower_max_num_seqs" and act.target.key == "replica:n1/r2"
+    assert act.params["max_num_seqs"] == 192 and "preemptions_per_second > 1" in act.reason
+    # Readings over 1/s in under half of the two minutes are no pressure.
+    calm = [rep("r1", 256, preempting(256, 0, 300, rate=lambda t: 3.0 if t % 40 == 0 else 0.2))]
+    snap = fleet(300, calm)
+    assert evaluate_policy(SHIPPED, snap, snap.now) == []
+
+
+def test_an_itl_breach_picks_the_canary_before_a_preempting_replica():
+    reps = [rep("r1", 256, preempting(256, 0, 300, rate=9.0)), rep("r2", 256, breaching(256, 0, 300))]
+    snap = fleet(300, reps)
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    assert act.target.key == "replica:n1/r2" and "itl_p99_seconds" in act.reason
+
+
+def test_preemptions_at_the_floor_warn_instead_of_trying_the_latency_rungs():
+    snap = fleet(300, [flagged("r1", 16, preempting(16, 0, 300), gpus=(0, 1))])
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    assert act.kind == "alert" and "floor 16" in act.reason and "KV cache needs room" in act.reason
+
+
+def test_a_canary_still_preempting_is_not_promoted_and_raising_waits_for_calm_preemptions():
+    reps = [rep("r1", 256, preempting(256, 0, 600)),
+            rep("r2", 192, preempting(256, 0, 300) + preempting(192, 310, 290))]
+    snap = fleet(600, reps)
+    [act] = evaluate_policy(ITL, snap, snap.now)
+    assert act.kind == "lower_max_num_seqs" and act.target.key == "replica:n1/r2" and act.params["max_num_seqs"] == 128
+    # ITL comfortably low for 20 minutes, but preemptions at 0.9/s (over 1 x 0.7): no raise.
+    busy = [rep("r1", 128, fine(128, 0, 1200, preemptions_per_second=0.9))]
+    snap = fleet(1200, busy)
+    assert evaluate_policy(ITL, snap, snap.now) == []
+    quiet = [rep("r1", 128, fine(128, 0, 1200, preemptions_per_second=0.0))]
+    snap = fleet(1200, quiet)
+    [up] = evaluate_policy(ITL, snap, snap.now)
+    assert up.kind == "raise_max_num_seqs" and up.params["max_num_seqs"] == 192

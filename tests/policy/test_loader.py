@@ -166,3 +166,11 @@ def test_the_shipped_ladder_is_the_practitioners_order():
     assert isinstance(itl.action, LowerMaxNumSeqsAction)
     assert [(r.label, r.multi_gpu) for r in itl.action.then] == [
         ("--disable-custom-all-reduce", True), ("--block-size 32", False)]
+
+
+def test_a_pressure_condition_must_be_an_upper_bound(tmp_path):
+    text = RUNGS.split("  then:")[0] + "  pressure:\n" \
+                                       "    - {signal: preemptions_per_second, op: '<', threshold: 1, for: 1m}\n"
+    _, errors = errors_of(tmp_path, text)
+    assert [(e.line, e.field) for e in errors] == [(6, "action.pressure")]
+    assert "use op '>' or '>='" in errors[0].message

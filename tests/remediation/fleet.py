@@ -49,6 +49,8 @@ class SimReplica:
     requests_per_second: float = 2.0
     ttft: float = 0.12
     itl: float = 0.02
+    preemptions_per_second: float = 0.0
+    preemptions_total: float = 0.0
     rss: int = 2 * GIB
     canary_ok: bool = True
     stalled: bool = False
@@ -59,6 +61,7 @@ class SimReplica:
     def status(self, now_seconds: float) -> ReplicaStatus:
         if not self.stalled:
             self.tokens_total += self.tokens_per_second * now_seconds
+        self.preemptions_total += self.preemptions_per_second * now_seconds
         serving = self.state == ReplicaState.READY
         return ReplicaStatus(
             name=self.name, model=self.model, url="http://127.0.0.1:9001", state=self.state, ready=serving,
@@ -68,6 +71,8 @@ class SimReplica:
                                 generation_tokens_total=self.tokens_total,
                                 generation_tokens_per_second=0.0 if self.stalled else self.tokens_per_second,
                                 requests_per_second=self.requests_per_second, ttft_p99_seconds=self.ttft,
+                                preemptions_total=self.preemptions_total,
+                                preemptions_per_second=self.preemptions_per_second,
                                 itl_p99_seconds=self.itl) if serving else None,
             process=ProcessSample(pid=4242, rss_bytes=self.rss, num_processes=4),
             canary_ok=self.canary_ok if serving else None, canary_ttft_seconds=0.05 if serving else None,

@@ -131,6 +131,25 @@ def test_a_canary_worse_than_its_peers_is_rolled_back(tmp_path: Path) -> None:
         assert all(r.engine_args[-2:] == ["--max-num-seqs", "64"] for r in agent.replicas)
 
 
+def test_sustained_preemptions_lower_max_num_seqs_and_sporadic_ones_do_not(tmp_path: Path) -> None:
+    # The agent leaves a zero preemption rate off the wire: the control plane must read it as zero, or three
+    # preempting readings in two minutes would look like "preempting in every reading it has".
+    sporadic = SimAgent("gpu-a", [SimReplica(f"r{i}", engine_args=["--max-num-seqs", "128"]) for i in range(2)])
+    with fleet(tmp_path / "sporadic", [sporadic]) as f:
+        for step in range(24):
+            for r in sporadic.replicas:
+                r.preemptions_per_second = 4.0 if step % 8 == 0 else 0.0
+            f.step(10)
+        assert by_kind(f.actions(), "lower_max_num_seqs") == []
+    steady = SimAgent("gpu-a", [SimReplica(f"r{i}", engine_args=["--max-num-seqs", "128"],
+                                           preemptions_per_second=2.5 + i) for i in range(2)])
+    with fleet(tmp_path / "steady", [steady]) as f:
+        f.run(150)
+        [lowered] = by_kind(f.actions(), "lower_max_num_seqs")
+        assert lowered["target"] == "replica:gpu-a/r1" and lowered["params"]["max_num_seqs"] == 96
+        assert "preemptions_per_second > 1" in lowered["reason"] and lowered["params"]["canary"] is True
+
+
 def test_a_hot_gpu_raises_an_alert_with_its_temperatures(tmp_path: Path) -> None:
     agent = SimAgent("gpu-a", [SimReplica("r0")], temperature=86.0)
     with fleet(tmp_path, [agent]) as f:
