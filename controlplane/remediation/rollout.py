@@ -10,9 +10,9 @@ its own, then runs beside its peers for ``canary_window``; ``canary.judge_canary
 window's second half (the first is the canary's warm-up under load), and the change is rolled to the peers
 one at a time (pass) or the canary gets its previous arguments back (fail -> ``rolled_back``).
 
-A flag rung (``add_engine_flag``) is judged against a like-for-like baseline: the peers that run what the
-canary ran before (the same arguments but for the flag); without any, the canary's own readings over the
-half-window before its change. It must also cut the governed latency by the rung's ``min_latency_gain``. On
+A flag rung (``add_engine_flag``) is judged against a like-for-like baseline: the ready peers tuned as the
+canary was before (its max-num-seqs, without the flag, on several GPUs for a multi-GPU rung); without any,
+the canary's own readings over the half-window before its change. It must also cut the governed latency by the rung's ``min_latency_gain``. On
 a pass it goes to the peers that take it (a multi-GPU rung skips one-GPU engines) and lack it.
 """
 
