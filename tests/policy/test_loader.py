@@ -153,12 +153,17 @@ def test_flag_rungs_are_checked_each_at_its_own_line(tmp_path):
     assert "is a switch" in errors[2].message and "governor's own lever" in errors[3].message
 
 
-def test_a_flag_named_twice_in_the_ladder_is_refused(tmp_path):
-    text = RUNGS.split("  then:")[0] + "  then:\n    - {flag: --block-size, value: 32}\n" \
-                                       "    - {flag: --block-size, value: 8}\n"
-    _, errors = errors_of(tmp_path, text)
-    assert [(e.line, e.field) for e in errors] == [(6, "action.then")]
-    assert "--block-size appears more than once" in errors[0].message
+@pytest.mark.parametrize(("tail", "field", "message"), [
+    ("  then:\n    - {flag: --block-size, value: 32}\n    - {flag: --block-size, value: 8}\n", "action.then",
+     "--block-size appears more than once"),
+    ("  pressure:\n    - {signal: preemptions_per_second, op: '<', threshold: 1, for: 1m}\n", "action.pressure",
+     "use op '>' or '>='"),
+])
+def test_a_ladder_naming_a_flag_twice_or_a_pressure_that_is_no_upper_bound_is_refused(tmp_path, tail, field,
+                                                                                         message):
+    _, errors = errors_of(tmp_path, RUNGS.split("  then:")[0] + tail)
+    assert [(e.line, e.field) for e in errors] == [(6, field)]
+    assert message in errors[0].message
 
 
 def test_the_shipped_ladder_is_the_practitioners_order():
@@ -166,11 +171,3 @@ def test_the_shipped_ladder_is_the_practitioners_order():
     assert isinstance(itl.action, LowerMaxNumSeqsAction)
     assert [(r.label, r.multi_gpu) for r in itl.action.then] == [
         ("--disable-custom-all-reduce", True), ("--block-size 32", False)]
-
-
-def test_a_pressure_condition_must_be_an_upper_bound(tmp_path):
-    text = RUNGS.split("  then:")[0] + "  pressure:\n" \
-                                       "    - {signal: preemptions_per_second, op: '<', threshold: 1, for: 1m}\n"
-    _, errors = errors_of(tmp_path, text)
-    assert [(e.line, e.field) for e in errors] == [(6, "action.pressure")]
-    assert "use op '>' or '>='" in errors[0].message
