@@ -47,7 +47,7 @@ from controlplane.policy.durations import format_duration
 from controlplane.policy.engine_args import set_flag
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target
-from controlplane.policy.rungs import past_max_num_seqs
+from controlplane.policy.rungs import at_generation, past_max_num_seqs
 from controlplane.policy.snapshot import FlagTrial, Replica, ReplicaSample
 
 FLAG = "--max-num-seqs"
@@ -283,6 +283,11 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
         rest = [b for b in breaching if cur[b.key] <= min(cur[r.key] for r in lower)]
     else:
         rest = breaching
+    # A peer restarting, or restarted within the condition's duration, moved its load onto the others: their
+    # readings since are not their steady state. New lowerings wait until every replica's engine has run that
+    # long (promoting a proven canary value does not: the canary met the SLO on its own readings).
+    if any(not r.serving or covering(at_generation(r), now, cond.for_) is None for r in replicas):
+        rest = []
     if rest and action.canary:
         # Values above the lowest breaching one are known bad: deepen there, one replica at a time.
         lowest = min(cur[b.key] for b in rest)

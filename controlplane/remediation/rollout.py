@@ -12,8 +12,9 @@ one at a time (pass) or the canary gets its previous arguments back (fail -> ``r
 
 A flag rung (``add_engine_flag``) is judged against a like-for-like baseline: the ready peers tuned as the
 canary was before (its max-num-seqs, without the flag, on several GPUs for a multi-GPU rung); without any,
-the canary's own readings over the half-window before its change. It must also cut the governed latency by the rung's ``min_latency_gain``. On
-a pass it goes to the peers that take it (a multi-GPU rung skips one-GPU engines) and lack it.
+the canary's own readings over the half-window before its change. It must also cut the governed latency by
+the rung's ``min_latency_gain``. On a pass it goes to the peers that take it (a multi-GPU rung skips one-GPU
+engines) and lack it.
 """
 
 from __future__ import annotations

@@ -431,3 +431,20 @@ def test_a_canary_still_preempting_is_not_promoted_and_raising_waits_for_calm_pr
     snap = fleet(1200, quiet)
     [up] = evaluate_policy(ITL, snap, snap.now)
     assert up.kind == "raise_max_num_seqs" and up.params["max_num_seqs"] == 192
+
+
+def test_a_peers_restart_holds_new_lowerings_until_the_load_it_moved_has_settled():
+    # r1 took the promoted value 48 eight seconds ago (generation 2); r2's readings over the last minute
+    # include the load r1 shed while it restarted: not r2's steady state, so nothing is lowered yet.
+    r1_history = fine(48, 0, 590, generation=1) + fine(48, 592, 8, generation=2)
+    reps = [replica(name="r1", args=[*ARGS, "48"], history=r1_history, generation=2),
+            rep("r2", 48, fine(48, 0, 530) + breaching(48, 540, 60))]
+    snap = fleet(600, reps)
+    assert evaluate_policy(ITL, snap, snap.now) == []
+    # A minute on, r1's new engine has run for the condition's duration: r2's breach is its own now.
+    r1_history += fine(48, 610, 60, generation=2)
+    reps = [replica(name="r1", args=[*ARGS, "48"], history=r1_history, generation=2),
+            rep("r2", 48, fine(48, 0, 530) + breaching(48, 540, 130))]
+    snap = fleet(670, reps)
+    [act] = evaluate_policy(ITL, snap, snap.now)
+    assert act.kind == "lower_max_num_seqs" and act.target.key == "replica:n1/r2" and act.params["max_num_seqs"] == 32
