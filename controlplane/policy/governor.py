@@ -45,6 +45,7 @@ from controlplane.policy.detectors.findings import Finding, covering, evidence_o
 from controlplane.policy.detectors.slo import OPS, detect_threshold, signal_holds
 from controlplane.policy.durations import format_duration
 from controlplane.policy.engine_args import set_flag
+from controlplane.policy.memory import breach_ceiling
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target
 from controlplane.policy.rungs import at_generation, past_max_num_seqs
@@ -141,53 +142,6 @@ def at_value(replica: Replica, value: int) -> list[ReplicaSample]:
     or from before a flag rung, say nothing about it)."""
     key = replica.flags_key
     return [s for s in replica.history if s.max_num_seqs in (None, value) and s.flags_key in (None, key)]
-
-
-def _broke(samples: Sequence[ReplicaSample], cond: ThresholdCondition) -> bool:
-    """Whether the condition held over some ``for``-long stretch of these samples."""
-    if cond.min_share >= 1:
-        return _longest_breach(samples, cond) >= cond.for_
-    known = [(s.at, OPS[cond.op](float(v), cond.threshold)) for s in samples
-             if (v := getattr(s, cond.signal)) is not None]
-    start, beyond = 0, 0
-    for end, (at, hit) in enumerate(known):  # a sliding window of ``for`` seconds ending at each sample
-        beyond += hit
-        while (at - known[start][0]).total_seconds() > cond.for_:
-            beyond -= known[start][1]
-            start += 1
-        spans = start > 0 or (at - known[0][0]).total_seconds() >= cond.for_
-        if spans and beyond >= cond.min_share * (end - start + 1):
-            return True
-    return False
-
-
-def _longest_breach(samples: Sequence[ReplicaSample], cond: ThresholdCondition) -> float:
-    longest, start = 0.0, None
-    for s in samples:
-        value = getattr(s, cond.signal)
-        if value is not None and OPS[cond.op](float(value), cond.threshold):
-            start = start or s.at
-            longest = max(longest, (s.at - start).total_seconds())
-        else:
-            start = None
-    return longest
-
-
-def breach_ceiling(replicas: Sequence[Replica], conds: Sequence[ThresholdCondition], remember: float,
-                   now: datetime) -> int | None:
-    """The smallest value at which the SLO (or a pressure condition) broke for its duration within ``remember``."""
-    since = now - timedelta(seconds=remember)
-    bad: list[int] = []
-    for replica in replicas:
-        # Only readings under the flags it runs now: a value that broke the SLO before a flag rung may meet it.
-        key = replica.flags_key
-        history = [s for s in replica.history if s.flags_key in (None, key)]
-        values = {s.max_num_seqs for s in history if s.max_num_seqs is not None and s.at >= since}
-        for value in values:
-            samples = [s for s in history if s.max_num_seqs == value and since <= s.at <= now]
-            if any(_broke(samples, cond) for cond in conds):
-                bad.append(value)
-    return min(bad) if bad else None
 
 
 def _change(policy: Policy, kind: str, replicas: Sequence[Replica], value: int, previous: int, reason: str,
