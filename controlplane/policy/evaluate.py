@@ -37,7 +37,7 @@ from controlplane.policy.detectors.thermal import detect_thermal
 from controlplane.policy.detectors.xid import detect_xid
 from controlplane.policy.governor import govern_model
 from controlplane.policy.policy import Policy
-from controlplane.policy.proposals import ProposedAction, Target
+from controlplane.policy.proposals import ProposedAction, Target, replica_target
 from controlplane.policy.snapshot import FleetSnapshot, Gpu, Replica
 
 GPU_CONDITIONS = (ThermalCondition, XidCondition)
@@ -114,7 +114,7 @@ def actions_for(policy: Policy, findings: Sequence[Finding], snapshot: FleetSnap
             params: dict[str, object] = (
                 {"drain": action.drain} if isinstance(action, RestartAction) else {"within_seconds": action.within})
             for r in replicas:
-                target = Target(kind="replica", node=r.node, replica=r.name, model=r.model)
+                target = replica_target(r)
                 if not r.managed:
                     propose("alert", target, finding, params={"severity": "warning"},
                             extra=f": {r.key} is attached, not managed by Pitstop; restart it by hand")

@@ -47,7 +47,7 @@ from controlplane.policy.durations import format_duration
 from controlplane.policy.engine_args import set_flag
 from controlplane.policy.memory import breach_ceiling
 from controlplane.policy.policy import Policy
-from controlplane.policy.proposals import ProposedAction, Target
+from controlplane.policy.proposals import ProposedAction, Target, replica_target
 from controlplane.policy.rungs import at_generation, past_max_num_seqs
 from controlplane.policy.snapshot import FlagTrial, Replica, ReplicaSample
 
@@ -166,10 +166,6 @@ def _change(policy: Policy, kind: str, replicas: Sequence[Replica], value: int, 
     )
 
 
-def _replica_target(replica: Replica) -> Target:
-    return Target(kind="replica", node=replica.node, replica=replica.name, model=replica.model)
-
-
 def govern_model(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsAction,
                  replicas: Sequence[Replica], now: datetime,
                  trials: Sequence[FlagTrial] = ()) -> list[ProposedAction]:
@@ -203,12 +199,6 @@ def _breach(cond: ThresholdCondition, action: LowerMaxNumSeqsAction, replica: Re
     return None
 
 
-def _clear(action: LowerMaxNumSeqsAction, replica: Replica, value: int, now: datetime) -> bool:
-    """No ``pressure`` condition holds at the replica's current value."""
-    samples = at_value(replica, value)
-    return all(detect_threshold(p, replica, now, samples) is None for p in action.pressure)
-
-
 def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsAction, replicas: Sequence[Replica],
            breaching: list[Replica], cur: dict[str, int], findings: dict[str, Finding | None],
            pressured: set[str], now: datetime, trials: Sequence[FlagTrial]) -> list[ProposedAction]:
@@ -217,9 +207,10 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
     lower = [r for r in replicas if r not in breaching and cur[r.key] < top]
     inverse = _INVERSE[cond.op]
     # Proven: met the SLO for the condition's duration without costing more throughput than allowed (a
-    # canary that did is rolled back by its judge, and its value must not be promoted meanwhile).
+    # canary that did is rolled back by its judge, and its value must not be promoted meanwhile). No pressure
+    # condition holds on these either: a replica under one is in ``breaching``, not in ``lower``.
     proven = [r for r in lower if r.serving and _met(at_value(r, cur[r.key]), now, cond, inverse)
-              and _clear(action, r, cur[r.key], now) and _throughput_drop(r, replicas, cur, cond, action, now) is None]
+              and _throughput_drop(r, replicas, cur, cond, action, now) is None]
     if proven:
         value = max(cur[r.key] for r in proven)
         promote = [b for b in breaching if cur[b.key] > value]
@@ -260,11 +251,9 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
         if new is None:
             why = (f"not lowering max-num-seqs below {cur[replica.key]}: {drop}" if drop is not None else
                    f"max-num-seqs is already at its floor {action.min}")
-            if any(r.state in SETTLING for r in replicas):
-                continue  # a change in flight proves itself first
             if pressure:  # the flag rungs are for latency: pressure past the floor needs capacity
                 out.append(ProposedAction(
-                    policy=policy.name, kind="alert", target=_replica_target(replica),
+                    policy=policy.name, kind="alert", target=replica_target(replica),
                     params={"severity": "warning", "governed": True}, model=replica.model, findings=[finding],
                     reason=f"{finding.summary}; {why}: the KV cache needs room (--gpu-memory-utilization, a shorter "
                     "--max-model-len, more GPUs) or the model more replicas", runbook_url=policy.runbook_url))
@@ -276,7 +265,7 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
         out.append(_change(
             policy, "lower", [replica], new, cur[replica.key],
             f"{finding.summary}: lower max-num-seqs {cur[replica.key]} -> {new} ({how})",
-            [finding], _replica_target(replica)))
+            [finding], replica_target(replica)))
     return out
 
 
@@ -355,4 +344,4 @@ def _raise(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
     return [_change(policy, "raise", [replica], up, cur[replica.key],
                     f"{finding.summary}: raise max-num-seqs {cur[replica.key]} -> {up} (one replica at a time"
                     + (f"; never back to {ceiling}, which broke the SLO recently)" if ceiling else ")"),
-                    [finding], _replica_target(replica))]
+                    [finding], replica_target(replica))]

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.policy.detectors.findings import Finding
+from controlplane.policy.snapshot import Replica
 
 ActionKind = Literal[
     "restart", "rolling_restart", "planned_restart", "lower_max_num_seqs", "raise_max_num_seqs", "add_engine_flag",
@@ -63,3 +64,8 @@ class ProposedAction(BaseModel):
     @property
     def stops_replicas(self) -> bool:
         return self.kind in STOPS_REPLICAS
+
+
+def replica_target(replica: Replica) -> Target:
+    """The target of an action on one replica."""
+    return Target(kind="replica", node=replica.node, replica=replica.name, model=replica.model)

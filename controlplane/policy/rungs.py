@@ -23,7 +23,7 @@ from controlplane.policy.detectors.slo import detect_threshold
 from controlplane.policy.durations import format_duration
 from controlplane.policy.engine_args import has_flag, spans_gpus, with_flag
 from controlplane.policy.policy import Policy
-from controlplane.policy.proposals import ProposedAction, Target
+from controlplane.policy.proposals import ProposedAction, replica_target
 from controlplane.policy.snapshot import FlagTrial, Replica, ReplicaSample
 
 
@@ -64,19 +64,17 @@ def past_max_num_seqs(policy: Policy, cond: ThresholdCondition, action: LowerMax
     Both are judged on the engine the replica runs now: the breach must hold on samples since its last
     restart into a new generation (the caller has checked that no replica of the model is restarting).
     """
-    found = next_rung(replica, action, trials, now)
-    if isinstance(found, str):
-        if detect_threshold(cond, replica, now, at_generation(replica)) is None:
-            return []  # the engine restarted into its last change lately: let it show its own breach first
-        # ``governed``: held back while a change of this model is still being judged (it may yet help).
-        return [ProposedAction(
-            policy=policy.name, kind="alert", target=_target(replica),
-            params={"severity": "warning", "governed": True}, model=replica.model, findings=[finding],
-            reason=f"{finding.summary}; {why}; {found}: the tuning ladder cannot help, look at the load or add "
-            "capacity", runbook_url=policy.runbook_url)]
     current = detect_threshold(cond, replica, now, at_generation(replica))
     if current is None:
         return []  # the breach predates this engine's last restart: let the engine it runs now show its own
+    found = next_rung(replica, action, trials, now)
+    if isinstance(found, str):
+        # ``governed``: held back while a change of this model is still being judged (it may yet help).
+        return [ProposedAction(
+            policy=policy.name, kind="alert", target=replica_target(replica),
+            params={"severity": "warning", "governed": True}, model=replica.model, findings=[finding],
+            reason=f"{finding.summary}; {why}; {found}: the tuning ladder cannot help, look at the load or add "
+            "capacity", runbook_url=policy.runbook_url)]
     position, rung = found
     params: dict[str, object] = {
         "flag": rung.flag, "value": rung.text, "rung": position, "multi_gpu": rung.multi_gpu,
@@ -88,12 +86,9 @@ def past_max_num_seqs(policy: Policy, cond: ThresholdCondition, action: LowerMax
                   "min_latency_gain": rung.min_gain, "baseline": "same_args"},
     }
     return [ProposedAction(
-        policy=policy.name, kind="add_engine_flag", target=_target(replica), params=params,
+        policy=policy.name, kind="add_engine_flag", target=replica_target(replica), params=params,
         replicas=[replica.key], model=replica.model, findings=[current],
         reason=f"{current.summary}; {why}: next rung {position} of {len(action.then)}, add {rung.label} (canary on "
         "one replica, judged against its baseline, then rolled to the model's other replicas that take it)",
         runbook_url=policy.runbook_url)]
 
-
-def _target(replica: Replica) -> Target:
-    return Target(kind="replica", node=replica.node, replica=replica.name, model=replica.model)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from datetime import datetime
+from functools import cached_property
 from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -108,9 +109,9 @@ class Replica(_Frozen):
         """Fleet-unique name, ``node/replica``."""
         return f"{self.node}/{self.name}"
 
-    @property
+    @cached_property
     def flags_key(self) -> int:
-        """``engine_args.flags_key`` of the arguments it runs with now."""
+        """``engine_args.flags_key`` of the arguments it runs with now (read on every history filter: kept)."""
         return flags_key(self.engine_args)
 
     @property

@@ -101,7 +101,7 @@ def _needs(row: ActionRow, replica: Replica) -> bool:
         if row.params.get("multi_gpu") and not spans_gpus(args, list(replica.gpus)):
             return False
         return not has_flag(args, str(row.params["flag"]), _value(row))
-    return _current(replica) != int(row.params["max_num_seqs"])
+    return get_int_flag(args, FLAG) != int(row.params["max_num_seqs"])
 
 
 def _start_batch(session: Session, row: ActionRow, plan: dict[str, Any], keys: Sequence[str],
@@ -208,15 +208,15 @@ def _judge(session: Session, row: ActionRow, plan: dict[str, Any], now: datetime
     # Judged on the second half of the window: in the first, the canary warms up under live load (a fresh
     # engine's first steps are slower, and its empty batch refills all at once), which is not its steady state.
     since = ready_at + settings.canary_window / 2
-    baseline = [_window(session, _key(p), since) for p in peers]
     if judge.get("baseline") == "same_args":
         alike = _like_for_like(row, plan, peers)
         plan["baseline"] = [_key(p) for p in alike] or "itself before the change"
-        if alike:
-            baseline = [_window(session, _key(p), since) for p in alike]
-        else:  # nobody runs the old arguments any more: the canary's own readings before its change
-            started = datetime.fromisoformat(plan["batch_started_at"])
-            baseline = [_window(session, key, started - settings.canary_window / 2, started)]
+        started = datetime.fromisoformat(plan["batch_started_at"])
+        # Nobody runs the old arguments any more: the canary's own readings before its change.
+        baseline = ([_window(session, _key(p), since) for p in alike] if alike
+                    else [_window(session, key, started - settings.canary_window / 2, started)])
+    else:
+        baseline = [_window(session, _key(p), since) for p in peers]
     verdict = judge_canary(_window(session, key, since), baseline, settings.max_latency_regression,
                            settings.max_throughput_drop if drop is None else float(drop), latencies,
                            min_latency_gain=None if gain is None else float(gain))
@@ -235,17 +235,6 @@ def _judge(session: Session, row: ActionRow, plan: dict[str, Any], now: datetime
         return "rolled_back", f"{verdict.reason}; {key} rolled back to {FLAG} {row.params.get('previous')}"
     plan["phase"], plan["batch"] = "rolling", {}
     plan["queue"] = [[_key(p)] for p in sorted(peers, key=_key) if _needs(row, p)]
-    return None
-
-
-def _current(replica: Replica) -> int | None:
-    args = [str(a) for a in replica.engine_args]
-    for i, arg in enumerate(args):
-        if arg == FLAG and i + 1 < len(args):
-            return int(args[i + 1]) if args[i + 1].isdigit() else None
-        if arg.startswith(FLAG + "="):
-            value = arg.split("=", 1)[1]
-            return int(value) if value.isdigit() else None
     return None
 
 

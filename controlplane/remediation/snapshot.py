@@ -59,13 +59,14 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
     r_cols = ReplicaRow.__table__.c
     replica_query = select(r_cols.node, r_cols.name, r_cols.model, r_cols.gpus, r_cols.state, r_cols.ready,
                            r_cols.managed, r_cols.state_since, r_cols.engine_args, r_cols.generation,
-                           r_cols.restarts_total, r_cols.last_exit_code, r_cols.log_tail
+                           r_cols.restarts_total, r_cols.last_exit_code, r_cols.log_tail,
+                           DesiredReplica.generation.label("desired_generation")
+                           ).outerjoin(DesiredReplica, (DesiredReplica.node == r_cols.node)
+                                       & (DesiredReplica.name == r_cols.name)
                            ).order_by(r_cols.node, r_cols.name)
     if model is not None:
         replica_query = replica_query.where(r_cols.model == model)
     rows = session.execute(replica_query).all()
-    desired = {(node, name): generation for node, name, generation in session.execute(
-        select(DesiredReplica.node, DesiredReplica.name, DesiredReplica.generation))}
     stored: dict[tuple[str, str], list[Point]] = {}
     if use_history and samples is None:
         stored = _histories(session, "replica", since, {(r.node, r.name) for r in rows} if model else None)
@@ -80,7 +81,7 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
     replicas = [Replica.model_construct(
         node=r.node, labels={}, name=r.name, model=r.model, gpus=list(r.gpus), state=ReplicaState(r.state),
         ready=r.ready, managed=r.managed, state_since=r.state_since, engine_args=list(r.engine_args),
-        generation=r.generation, desired_generation=desired.get((r.node, r.name)),
+        generation=r.generation, desired_generation=r.desired_generation,
         restarts_total=r.restarts_total, last_exit_code=r.last_exit_code,
         log_tail=list(r.log_tail), history=replica_history(r.node, r.name),
     ) for r in rows]
