@@ -1,4 +1,8 @@
-"""An attached replica: an engine Pitstop did not start. It is probed and scraped, never started or stopped."""
+"""An attached replica: an engine Pitstop did not start. It is probed and scraped, never started or stopped.
+
+Not ours to restart, so a wedge verdict (``agent.progress``) only takes its readiness off; the first canary
+that completes again puts it back.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import httpx
 
 from agent.config import ReplicaConfig
 from agent.probes import engine_alive
+from agent.progress import CanaryEvidence, Progress, ProgressWatch
 from agent.states import ReplicaMachine, utc_now
 from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus
 
@@ -23,7 +28,7 @@ class AttachedReplica:
     pid: int | None = None
 
     def __init__(self, spec: ReplicaConfig, client: httpx.AsyncClient, interval: float,
-                 *, wall: Callable[[], datetime] = utc_now) -> None:
+                 *, wall: Callable[[], datetime] = utc_now, wedge_canaries: int = 2) -> None:
         self.spec = spec
         self.client = client
         self.interval = interval
@@ -33,6 +38,8 @@ class AttachedReplica:
         self.canary_ttft: float | None = None
         self.canary_ok: bool | None = None
         self._stop = asyncio.Event()
+        self.progress = ProgressWatch(needed=wedge_canaries)
+        self.wedged = False
 
     @property
     def state(self) -> ReplicaState:
@@ -41,6 +48,21 @@ class AttachedReplica:
     @property
     def model_name(self) -> str:
         return self.spec.model
+
+    def canary_observed(self, evidence: CanaryEvidence) -> Progress:
+        verdict = self.progress.observe(evidence)
+        if verdict is Progress.WEDGED and not self.wedged:
+            self.wedged = True
+            self.machine.note("wedged", f"wedged: {self.progress.summary()}; readiness off until a canary completes")
+        elif verdict is Progress.SERVING and self.wedged:
+            self.wedged = False
+            self.machine.note("wedged", "a canary completed again: readiness back on")
+        return verdict
+
+    def engine_scraped(self, engine: EngineSample) -> None:
+        if engine.scrape_error is None:
+            busy = (engine.requests_running or 0.0) + (engine.requests_waiting or 0.0)
+            self.progress.engine_seen(busy, (engine.generation_tokens_per_second or 0.0) > 0)
 
     def request_shutdown(self) -> None:
         self._stop.set()
@@ -63,6 +85,6 @@ class AttachedReplica:
     def status(self) -> ReplicaStatus:
         return ReplicaStatus(
             name=self.spec.name, model=self.spec.model, url=self.spec.base_url, state=self.state,
-            ready=self.state == S.ATTACHED, managed=False, gpus=self.spec.gpus,
+            ready=self.state == S.ATTACHED and not self.wedged, managed=False, gpus=self.spec.gpus,
             state_since=self.machine.since, engine=self.engine, process=self.process,
             canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok)

@@ -76,10 +76,10 @@ class ReplicaConfig(_Strict):
     drain_grace: float = Field(default=5.0, ge=0)
     stop_timeout: float = Field(default=30.0, ge=0)
     # Passed to the engine as ``--shutdown-timeout N`` unless ``args`` already name it: with 0 (vLLM's default)
-    # SIGTERM aborts in-flight requests and can stall 15-120 s; with N > 0 vLLM finishes stragglers (DESIGN.md).
+    # SIGTERM aborts in-flight requests and can stall 15-120 s; with N > 0 vLLM finishes stragglers (docs/design.md).
     shutdown_timeout: float | None = Field(default=None, ge=0)
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
-    # Health/model probes and scrapes: generous, a starved API server answers slowly (DESIGN.md).
+    # Health/model probes and scrapes: generous, a starved API server answers slowly (docs/design.md).
     probe_timeout: float = Field(default=5.0, gt=0)
     log_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
     log_backups: int = Field(default=3, ge=0, le=100)
@@ -141,8 +141,14 @@ class AgentConfig(_Strict):
     sim_gpu_count: int = Field(default=1, ge=0, le=64)
     recorded_gpu_file: Path | None = None
     state_dir: Path | None = None
-    canary_every: int = Field(default=0, ge=0)  # in scrape intervals; 0 = off
-    canary_timeout: float = Field(default=10.0, gt=0)
+    # A streaming canary every N scrape intervals (0: off). On by default: a wedged engine answers /health 200,
+    # and a canary that cannot finish while no token moves is how the agent sees it (``agent.progress``).
+    canary_every: int = Field(default=1, ge=0)
+    # The canary's deadline, end to end. Short on purpose: a late canary while tokens move is a busy engine and
+    # is never acted on, so the deadline only has to be longer than an idle engine's 4-token answer.
+    canary_timeout: float = Field(default=3.0, gt=0)
+    # Canaries failed in a row, with no generation token moving, before the replica is WEDGED (readiness off).
+    wedge_canaries: int = Field(default=2, ge=1, le=20)
     backoff: BackoffConfig = Field(default_factory=BackoffConfig)
     # Processes on this node's GPUs that no replica started (gpustack#2595): looked for at start and then
     # every this many seconds; reported always, ended (SIGTERM, then SIGKILL at the next check) only if asked.

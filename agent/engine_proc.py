@@ -1,7 +1,7 @@
 """One engine process: spawned as an argv list in its own process group, logged to a rotated file, stopped
 group-wide.
 
-The group matters: vLLM's API server forks an EngineCore which forks workers (DESIGN.md: four processes), and
+The group matters: vLLM's API server forks an EngineCore which forks workers (docs/design.md: four processes), and
 a SIGTERM that reaches only the API server can leave GPU memory held by an orphaned worker. So every signal
 goes to the group, and a stop ends with SIGKILL of the group after the stop deadline.
 """
@@ -142,8 +142,13 @@ class EngineProcess:
         return code
 
     async def stop(self, grace: float) -> int:
-        """SIGTERM the group, SIGKILL it after ``grace`` seconds; return once the whole group is gone."""
+        """SIGTERM the group, SIGKILL it after ``grace`` seconds; return once the whole group is gone.
+
+        SIGCONT follows the SIGTERM, as systemd does: a stopped process (a frozen EngineCore) leaves SIGTERM
+        pending and would sit out the whole grace; woken, it can act on it. One that still does not exit is
+        killed with the group at the deadline: SIGKILL ends stopped processes too."""
         _signal_group(self.pgid, signal.SIGTERM)
+        _signal_group(self.pgid, signal.SIGCONT)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         try:

@@ -29,8 +29,9 @@ from agent.desired import DesiredStore, plan_wants
 from agent.exporter import AgentCollector, ExportState
 from agent.gpu import GpuBackend
 from agent.orphans import Orphan, OrphanWatch
-from agent.probes import stream_completion
+from agent.probes import generation_tokens, stream_completion
 from agent.process_tree import ProcessTreeSampler
+from agent.progress import CanaryEvidence, Progress
 from agent.reporter import Reporter, ReportError, report_retry_delay
 from agent.scrape import EngineScraper
 from agent.stackdump import StackDumper, find_py_spy
@@ -52,7 +53,8 @@ S = ReplicaState
 Replica = ReplicaSupervisor | AttachedReplica
 
 # States in which the engine answers HTTP and its /metrics mean something.
-SCRAPE_STATES = frozenset({S.WARMING, S.READY, S.DRAINING, S.ATTACHED})
+# A WEDGED engine is scraped too: its flat counters are the evidence the control plane restarts it on.
+SCRAPE_STATES = frozenset({S.WARMING, S.READY, S.WEDGED, S.DRAINING, S.ATTACHED})
 CANARY_STATES = frozenset({S.READY, S.ATTACHED})
 MAX_REPORT_EVENTS = 1000
 
@@ -92,9 +94,11 @@ class Agent:
                 env = {"PITSTOP_SIM_GPU_DIR": str(config.sim_gpu_dir)} if spec.engine == "sim" else {}
                 self.replicas[spec.name] = ReplicaSupervisor(spec, client, self.state_dir, config.backoff,
                                                              wall=wall, poll_interval=poll_interval,
-                                                             extra_env=env, dumper=dumper)
+                                                             extra_env=env, dumper=dumper,
+                                                             wedge_canaries=config.wedge_canaries)
             else:
-                self.replicas[spec.name] = AttachedReplica(spec, client, config.scrape_interval, wall=wall)
+                self.replicas[spec.name] = AttachedReplica(spec, client, config.scrape_interval, wall=wall,
+                                                           wedge_canaries=config.wedge_canaries)
         self.scrapers = {name: EngineScraper(scrape_client or client, r.spec.base_url, r.model_name, _loop_time,
                                              timeout=max(10.0, r.spec.probe_timeout))
                          for name, r in self.replicas.items()}
@@ -189,6 +193,7 @@ class Agent:
         if replica.state in SCRAPE_STATES:
             was_stalled = scraper.last.stalled if scraper.last is not None else None
             replica.engine = await scraper.scrape()
+            replica.engine_scraped(replica.engine)
             if replica.engine.stalled and not was_stalled:
                 replica.machine.note("stall", "requests queued or running, generation tokens not moving")
         else:
@@ -212,11 +217,28 @@ class Agent:
         self._canaries.pop(name, None)
 
     async def _canary(self, replica: Replica) -> None:
+        """Canaries until a verdict: a failure with no token moving is confirmed at once, not an interval later
+        (readiness must go off within seconds of a wedge)."""
+        for _ in range(self.config.wedge_canaries):
+            evidence = await self._one_canary(replica)
+            if replica.state not in CANARY_STATES:
+                return  # left READY meanwhile (a restart, a drain): the verdict is about an engine that is going
+            if replica.canary_observed(evidence) is not Progress.SUSPECT:
+                return
+
+    async def _one_canary(self, replica: Replica) -> CanaryEvidence:
+        """One canary completion and the engine's generation-token counter read just before and just after it."""
+        url = self.scrapers[replica.spec.name].url
+        timeout = max(replica.spec.probe_timeout, self.config.canary_timeout)
+        before = await generation_tokens(self.client, url, replica.model_name, timeout)
         result = await stream_completion(self.client, replica.spec.base_url, replica.model_name, "ping", 4,
                                          self.config.canary_timeout, asyncio.get_running_loop().time)
         replica.canary_ok, replica.canary_ttft = result.ok, result.ttft_seconds
-        if not result.ok:
-            replica.machine.note("canary", f"canary failed: {result.error}")
+        if result.ok:
+            return CanaryEvidence(ok=True)
+        after = await generation_tokens(self.client, url, replica.model_name, timeout)
+        replica.machine.note("canary", f"canary failed: {result.error}")
+        return CanaryEvidence(ok=False, tokens_before=before, tokens_after=after, error=result.error)
 
     async def _collect_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -47,6 +47,7 @@ def end_group(pgid: int, grace: float, sleep: float = 0.1) -> None:
     """SIGTERM the group, SIGKILL it after ``grace``; runs before any engine is started, so it may block."""
     try:
         os.killpg(pgid, signal.SIGTERM)
+        os.killpg(pgid, signal.SIGCONT)  # a stopped member leaves SIGTERM pending (``EngineProcess.stop``)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             os.killpg(pgid, 0)

@@ -6,6 +6,7 @@ EngineCore (vLLM #39863), so STARTING ends only when ``/v1/models`` lists the mo
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,31 +47,53 @@ class CompletionResult:
 
 async def stream_completion(client: httpx.AsyncClient, base_url: str, model: str, prompt: str, max_tokens: int,
                             request_timeout: float, clock: Callable[[], float]) -> CompletionResult:
-    """One streaming completion with a deadline; TTFT is the time to the first data chunk with text."""
+    """One streaming completion with a deadline for the whole of it; TTFT is the time to the first data chunk.
+
+    The deadline covers the request end to end, not each read: a wedged vLLM accepts the request and then
+    sends nothing (vLLM #39863), and a per-read timeout alone would also let a trickle of bytes run forever."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0}
     started = clock()
-    ttft = None
+    first: list[float] = []  # the TTFT, once seen (kept outside the timeout's scope)
     try:
-        async with client.stream("POST", f"{base_url}/v1/completions", json=body, timeout=request_timeout) as response:
-            if response.status_code != 200:
-                await response.aread()
-                return CompletionResult(False, error=f"HTTP {response.status_code}: {response.text[:200]}")
-            async for line in response.aiter_lines():
-                if clock() - started > request_timeout:
-                    return CompletionResult(False, ttft, f"no completion within {request_timeout:g}s")
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    return CompletionResult(True, ttft)
-                if ttft is None:
-                    chunk = json.loads(payload)
-                    if "error" in chunk:
-                        return CompletionResult(False, None, str(chunk["error"])[:200])
-                    ttft = clock() - started
+        async with asyncio.timeout(request_timeout):
+            return await _stream(client, f"{base_url}/v1/completions", body, request_timeout, started, clock,
+                                 first)
+    except TimeoutError:
+        return CompletionResult(False, first[0] if first else None, f"no completion within {request_timeout:g}s")
     except (httpx.HTTPError, ValueError) as exc:
-        return CompletionResult(False, ttft, f"{type(exc).__name__}: {exc}"[:300])
-    return CompletionResult(False, ttft, "stream ended without [DONE]")
+        return CompletionResult(False, first[0] if first else None, f"{type(exc).__name__}: {exc}"[:300])
+
+
+async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, object], request_timeout: float,
+                  started: float, clock: Callable[[], float], first: list[float]) -> CompletionResult:
+    async with client.stream("POST", url, json=body, timeout=request_timeout) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return CompletionResult(False, error=f"HTTP {response.status_code}: {response.text[:200]}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                return CompletionResult(True, first[0] if first else None)
+            if not first:
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    return CompletionResult(False, None, str(chunk["error"])[:200])
+                first.append(clock() - started)
+    return CompletionResult(False, first[0] if first else None, "stream ended without [DONE]")
+
+
+async def generation_tokens(client: httpx.AsyncClient, metrics_url: str, model: str,
+                            request_timeout: float) -> float | None:
+    """The engine's ``vllm:generation_tokens_total`` now; ``None`` when /metrics cannot be read or lacks it."""
+    try:
+        response = await client.get(metrics_url, timeout=request_timeout)
+        response.raise_for_status()
+        snap = parse_metrics(response.text, 0.0, model or None)
+    except (httpx.HTTPError, MetricsParseError):
+        return None
+    return snap.values.get("generation_tokens")
 
 
 async def in_flight(client: httpx.AsyncClient, base_url: str, model: str, request_timeout: float) -> float | None:

@@ -19,6 +19,20 @@ import psutil
 from agent.wire import ProcessSample
 
 
+def client_connections(pid: int, port: int) -> int | None:
+    """TCP connections open to the engine's ``port`` in process ``pid``, the agent's own left out: the requests
+    a wedged engine holds (its gauges read 0 then, vLLM #39863). Idle keep-alive connections of a load balancer
+    count too: an upper bound, not an exact figure. ``None`` when the process cannot be read."""
+    try:
+        theirs = psutil.Process(pid).net_connections(kind="tcp")
+        mine = {c.laddr for c in psutil.Process().net_connections(kind="tcp")
+                if c.raddr and c.raddr.port == port}
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return sum(1 for c in theirs if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+               and c.raddr and c.raddr not in mine)
+
+
 def tree_pids(pid: int) -> set[int]:
     """``pid`` and all its living descendants (empty when ``pid`` is gone)."""
     try:

@@ -5,11 +5,14 @@ Who owns each arrow (all of them live in the supervisor)::
     STOPPED  -> STARTING   start requested (config, desired state, or BACKOFF expired)
     STARTING -> WARMING    /health is 200 and /v1/models lists the model
     WARMING  -> READY      warmup requests answered
-    READY    -> DRAINING   stop/restart requested: readiness off first (DESIGN.md: SIGTERM aborts in-flight)
+    READY    -> DRAINING   stop/restart requested: readiness off first (docs/design.md: SIGTERM aborts in-flight)
+    READY    -> WEDGED     the agent's canaries failed ``wedge_canaries`` times in a row while no generation
+                           token moved (``agent.progress``): readiness off at once, without the control plane
+    WEDGED   -> STOPPING   a new generation, a stop or a cordon: no drain, a frozen engine finishes nothing
     DRAINING -> STOPPING   running+waiting reached 0, or the drain deadline passed
     STOPPING -> STOPPED    the process group exited (SIGKILL after the stop deadline)
-    STARTING|WARMING|READY|DRAINING -> BACKOFF   the engine exited unasked (exit code 0 included), or
-                                                 the start deadline passed
+    STARTING|WARMING|READY|WEDGED|DRAINING -> BACKOFF   the engine exited unasked (exit code 0 included),
+                                                        or the start deadline passed
     BACKOFF  -> STARTING   the backoff delay elapsed
     BACKOFF  -> FATAL      too many failures within the window (supervisord's startretries)
     STARTING|WARMING|BACKOFF|FATAL -> STOPPING|STOPPED   operator stop while not serving
@@ -27,7 +30,7 @@ from agent.wire import ReplicaEvent, ReplicaState
 S = ReplicaState
 
 # Engine process alive (or should be); an exit in these states is a failure unless we asked for it.
-RUNNING_STATES = frozenset({S.STARTING, S.WARMING, S.READY, S.DRAINING})
+RUNNING_STATES = frozenset({S.STARTING, S.WARMING, S.READY, S.WEDGED, S.DRAINING})
 SERVING_STATES = frozenset({S.READY})
 ATTACHED_STATES = frozenset({S.ATTACHED, S.UNREACHABLE})
 
@@ -35,7 +38,9 @@ ALLOWED: dict[ReplicaState, frozenset[ReplicaState]] = {
     S.STOPPED: frozenset({S.STARTING}),
     S.STARTING: frozenset({S.WARMING, S.BACKOFF, S.STOPPING, S.STOPPED}),
     S.WARMING: frozenset({S.READY, S.BACKOFF, S.STOPPING, S.STOPPED}),
-    S.READY: frozenset({S.DRAINING, S.BACKOFF}),
+    S.READY: frozenset({S.DRAINING, S.WEDGED, S.BACKOFF}),
+    # Only a restart proves progress again: no way back to READY from here (vLLM #39863).
+    S.WEDGED: frozenset({S.STOPPING, S.BACKOFF}),
     S.DRAINING: frozenset({S.STOPPING, S.BACKOFF, S.STOPPED}),
     S.STOPPING: frozenset({S.STOPPED}),
     S.BACKOFF: frozenset({S.STARTING, S.FATAL, S.STOPPED}),

@@ -3,7 +3,8 @@
 The task reacts to three things only: the engine process exiting, a phase finishing (ready, warmed, drained,
 backoff elapsed), and a change of what is wanted (a new desired generation, disabled, agent shutdown), which
 sets ``wake``. Any exit the supervisor did not ask for is a failure whatever the exit code: vLLM's API server
-exits 0 when its EngineCore dies (DESIGN.md).
+exits 0 when its EngineCore dies (docs/design.md). A fourth comes from the agent's canaries: the verdict that
+the engine is wedged (``agent.progress``), which takes readiness off at once.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from agent.config import BackoffConfig, ReplicaConfig
 from agent.engine_proc import EngineProcess
 from agent.pidfile import PidFile, end_group
 from agent.probes import engine_ready, in_flight, stream_completion
+from agent.process_tree import client_connections
+from agent.progress import CanaryEvidence, Progress, ProgressWatch
 from agent.stackdump import StackDumper
 from agent.states import RUNNING_STATES, ReplicaMachine, utc_now
 from agent.warmup import warmup_done, warmup_summary
@@ -65,7 +68,7 @@ class ReplicaSupervisor:
     def __init__(self, spec: ReplicaConfig, client: httpx.AsyncClient, state_dir: Path, backoff: BackoffConfig,
                  *, wall: Callable[[], datetime] = utc_now, mono: Callable[[], float] | None = None,
                  poll_interval: float = 0.5, extra_env: dict[str, str] | None = None,
-                 dumper: StackDumper | None = None) -> None:
+                 dumper: StackDumper | None = None, wedge_canaries: int = 2) -> None:
         self.spec = spec
         self.dumper = dumper
         self.client = client
@@ -94,6 +97,9 @@ class ReplicaSupervisor:
         self.cordoned = False
         self.gpu_cordoned: frozenset[int] = frozenset()  # the cordoned GPUs this replica uses
         self._dumped_for: int | None = None
+        self.progress = ProgressWatch(needed=wedge_canaries)
+        self._wedged_because: str | None = None
+        self.in_flight_at_wedge: int | None = None
 
     # ---- what is wanted -------------------------------------------------------------------------------
     def set_want(self, want: Want) -> None:
@@ -115,6 +121,27 @@ class ReplicaSupervisor:
             self.machine.note("cordon", f"GPU {listed} cordoned: draining" if mine else f"GPU {listed} uncordoned")
             self.gpu_cordoned = mine
             self._wake.set()
+
+    def canary_observed(self, evidence: CanaryEvidence) -> Progress:
+        """Take one canary's evidence; a WEDGED verdict on a READY replica wakes the task to take it out."""
+        verdict = self.progress.observe(evidence)
+        if verdict is Progress.WEDGED and self.state == S.READY and self._wedged_because is None:
+            # The canary's own connection is closed by now; the gauges' last live count is a floor where
+            # connections cannot be read.
+            connections = client_connections(self.proc.pid, self.spec.port or 0) if self.proc is not None else None
+            self.in_flight_at_wedge = max(connections or 0, int(self.progress.in_flight_when_live or 0))
+            self._wedged_because = (
+                f"wedged: {self.progress.streak} canaries in a row failed with no generation token moving "
+                f"({self.progress.summary()}); readiness off; {self.in_flight_at_wedge} request(s) in flight "
+                f"({'unknown' if connections is None else connections} client connection(s) open)")
+            self._wake.set()
+        return verdict
+
+    def engine_scraped(self, engine: EngineSample) -> None:
+        """Remember the in-flight count of the last scrape that saw tokens move (what a wedge takes with it)."""
+        if engine.scrape_error is None:
+            busy = (engine.requests_running or 0.0) + (engine.requests_waiting or 0.0)
+            self.progress.engine_seen(busy, (engine.generation_tokens_per_second or 0.0) > 0)
 
     def request_shutdown(self) -> None:
         self._shutdown = True
@@ -146,7 +173,8 @@ class ReplicaSupervisor:
             ready=self.state == S.READY, managed=True, gpus=self.spec.gpus, generation=self.generation,
             engine_args=self.args, restarts_total=self.restarts_total, state_since=self.machine.since,
             last_exit_code=self.last_exit_code, log_tail=self.log_tail[-200:], engine=self.engine,
-            process=self.process, canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok)
+            process=self.process, canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok,
+            requests_in_flight_at_wedge=self.in_flight_at_wedge if self.state == S.WEDGED else None)
 
     # ---- the task ---------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -162,6 +190,8 @@ class ReplicaSupervisor:
                         await self._phase(None, None)
                 elif state == S.READY:
                     await self._serve()
+                elif state == S.WEDGED:
+                    await self._wedged()
                 elif state == S.BACKOFF:
                     await self._backoff()
                 elif state == S.FATAL:
@@ -209,6 +239,9 @@ class ReplicaSupervisor:
         if self.state in (S.BACKOFF, S.FATAL) and self.want.generation == self.generation:
             self.restarts_total += 1
         self.generation, self.args = self.want.generation, list(self.want.args)
+        self.progress.reset()  # a new process has to prove itself again
+        self._wedged_because = None
+        self.in_flight_at_wedge = None
         argv = self.spec.argv(self.args)
         self.machine.to(S.STARTING, f"generation {self.generation}: {' '.join(argv)}")
         env = {**os.environ, **self.extra_env, **self.spec.env,
@@ -269,12 +302,25 @@ class ReplicaSupervisor:
 
     async def _serve(self) -> None:
         # Check before waiting: a wish that arrived while we were busy elsewhere already cleared ``wake``.
-        outcome = "wake" if self._interrupted() else (await self._phase(None, None))[0]
+        outcome = "wake" if self._interrupted() or self._wedged_because else (await self._phase(None, None))[0]
         if outcome == "exit":
             await self._failed("engine exited while serving")
         elif self._interrupted():
             await self._capture_stack()
             await self._drain_and_stop()
+        elif self._wedged_because is not None:
+            log.warning("replica %s: %s", self.spec.name, self._wedged_because)
+            self.machine.to(S.WEDGED, self._wedged_because)
+
+    async def _wedged(self) -> None:
+        """Out of rotation, process kept (its stacks are the evidence), until the next wish ends it."""
+        outcome = "wake" if self._interrupted() else (await self._phase(None, None))[0]
+        if outcome == "exit":
+            await self._failed("engine exited while wedged")
+        elif self._interrupted():
+            await self._capture_stack()
+            # No drain: a frozen engine finishes nothing, and its gauges may read 0 or stay up for good.
+            await self._stop("wedged: stopping without a drain")
 
     async def _capture_stack(self) -> None:
         """Before leaving a generation whose restart asks for it, keep the engine's stacks (one dump)."""
@@ -289,7 +335,7 @@ class ReplicaSupervisor:
 
     async def _drain_and_stop(self) -> None:
         # Readiness goes off with READY -> DRAINING, so the load balancer stops sending before SIGTERM
-        # (DESIGN.md: SIGTERM aborts in-flight requests unless --shutdown-timeout > 0).
+        # (docs/design.md: SIGTERM aborts in-flight requests unless --shutdown-timeout > 0).
         self.machine.to(S.DRAINING, "readiness off; waiting for in-flight requests")
         deadline = self.mono() + self.spec.drain_timeout
         quiet = 0

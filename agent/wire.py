@@ -27,6 +27,9 @@ class ReplicaState(StrEnum):
     STARTING = "STARTING"
     WARMING = "WARMING"
     READY = "READY"
+    # Running, answering /health, and making no progress: readiness is off until a restart (``agent.progress``).
+    # Added after protocol 1: an older control plane refuses a report carrying it, only while a replica is wedged.
+    WEDGED = "WEDGED"
     DRAINING = "DRAINING"
     STOPPING = "STOPPING"
     BACKOFF = "BACKOFF"
@@ -134,7 +137,7 @@ class ProcessSample(_Wire):
     gpu_memory_bytes: int | None = Field(default=None, ge=0)
 
 
-class ReplicaStatus(_Wire):
+class ReplicaStatus(_Grown):
     name: str = Field(pattern=NAME_PATTERN)
     model: str = Field(max_length=256)
     url: str = Field(max_length=512)
@@ -152,6 +155,11 @@ class ReplicaStatus(_Wire):
     process: ProcessSample | None = None
     canary_ttft_seconds: float | None = None
     canary_ok: bool | None = None
+    # While WEDGED: the requests it held when the agent took it out of rotation (client connections open to it,
+    # or what its gauges said while it still made progress). They are lost with it; the restart's evidence.
+    requests_in_flight_at_wedge: int | None = Field(default=None, ge=0)
+
+    _added_fields = ("requests_in_flight_at_wedge",)
 
 
 class ReplicaEvent(_Wire):

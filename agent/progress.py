@@ -1,0 +1,97 @@
+"""Is the engine making progress? The agent's own verdict, from evidence a wedged engine cannot fake.
+
+A wedged vLLM answers ``/health`` 200 (vLLM #39863, #17972, #43423) and keeps answering ``/metrics``, but its
+EngineCore publishes nothing: ``num_requests_running`` and ``num_requests_waiting`` read 0 (or their last
+values) while clients' requests hang (vLLM PR #46811). Gauges can lie; two things cannot:
+
+- a canary completion, which either finishes within its deadline or does not, and
+- ``vllm:generation_tokens_total``, read just before and just after each canary: a frozen core adds nothing.
+
+The table (``docs/design.md``, "Progress"):
+
+    canary          generation tokens during it   verdict
+    completed       (any)                         SERVING
+    failed / late   moved                         BUSY     a slow engine under load: never restarted
+    failed / late   flat, or /metrics unreadable  SUSPECT  the first such canary
+    failed / late   flat, or unreadable, N in a row  WEDGED  readiness off until a restart proves progress
+
+The canary's own tokens count: a canary that streamed a token moved the counter, so an idle engine that
+answers is never flat. Pure: the caller measures and passes the evidence in; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Progress(StrEnum):
+    SERVING = "serving"
+    BUSY = "busy"
+    SUSPECT = "suspect"
+    WEDGED = "wedged"
+
+
+@dataclass(frozen=True)
+class CanaryEvidence:
+    """One canary's outcome and the engine's generation-token counter read around it (None: unreadable)."""
+
+    ok: bool
+    tokens_before: float | None = None
+    tokens_after: float | None = None
+    error: str | None = None
+
+    @property
+    def tokens_moved(self) -> bool | None:
+        if self.tokens_before is None or self.tokens_after is None:
+            return None
+        # A counter that went down is a new engine process: that is progress of a kind, not a wedge.
+        return self.tokens_after != self.tokens_before
+
+
+def judge(evidence: CanaryEvidence, streak: int, needed: int) -> Progress:
+    """The verdict after one canary, given how many flat failures came right before it (``streak``)."""
+    if evidence.ok:
+        return Progress.SERVING
+    if evidence.tokens_moved:
+        return Progress.BUSY
+    return Progress.WEDGED if streak + 1 >= needed else Progress.SUSPECT
+
+
+@dataclass
+class ProgressWatch:
+    """The run of flat canary failures of one engine process; ``reset`` when a new process starts."""
+
+    needed: int = 2
+    streak: int = 0
+    last: Progress | None = None
+    # What the engine last published while it was visibly progressing: the requests a wedge takes with it.
+    in_flight_when_live: float | None = None
+    _history: list[CanaryEvidence] = field(default_factory=list)
+
+    def observe(self, evidence: CanaryEvidence) -> Progress:
+        verdict = judge(evidence, self.streak, self.needed)
+        self.streak = self.streak + 1 if verdict in (Progress.SUSPECT, Progress.WEDGED) else 0
+        self.last = verdict
+        self._history = [*self._history[-(self.needed - 1):], evidence] if self.needed > 1 else [evidence]
+        return verdict
+
+    def engine_seen(self, in_flight: float | None, tokens_moving: bool) -> None:
+        """Remember the engine's in-flight count from a scrape that showed tokens moving."""
+        if tokens_moving and in_flight is not None:
+            self.in_flight_when_live = in_flight
+
+    def reset(self) -> None:
+        self.streak = 0
+        self.last = None
+        self.in_flight_when_live = None
+        self._history = []
+
+    def summary(self) -> str:
+        """Why the last verdict was reached, for the transition's event message."""
+        parts = []
+        for e in self._history:
+            tokens = (f"generation tokens {e.tokens_before:g} -> {e.tokens_after:g}"
+                      if e.tokens_before is not None and e.tokens_after is not None else "/metrics unreadable")
+            parts.append(f"{e.error or 'failed'} ({tokens})")
+        return "; ".join(parts)
