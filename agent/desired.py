@@ -1,6 +1,6 @@
 """The control plane's desired state on this node: what it means for each replica, and its copy on disk.
 
-Level-triggered (DESIGN.md): each report's answer is the whole desired state; the agent compares it with
+Level-triggered (docs/design.md): each report's answer is the whole desired state; the agent compares it with
 what runs and converges. The last answer is kept under the state dir, so an agent restarted while the
 control plane is away still runs the generation it was last told to run.
 """

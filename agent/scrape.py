@@ -1,7 +1,7 @@
 """Scrape one engine's /metrics with an injected ``httpx.AsyncClient`` and turn it into an ``EngineSample``.
 
 A failed scrape (timeout, refused, garbage) becomes ``scrape_error`` in the sample and a counted error; it
-never raises into the supervisor. A slow scrape is not a dead engine (DESIGN.md: one scrape took 2.8 s on a
+never raises into the supervisor. A slow scrape is not a dead engine (docs/design.md: one scrape took 2.8 s on a
 starved API server), so the timeout is generous and liveness is judged by the supervisor, not here.
 """
 

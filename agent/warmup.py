@@ -1,7 +1,7 @@
 """When a warming engine is warm: its warmup requests' TTFT has settled, not after a fixed count.
 
 The first requests after a start are slower (vLLM compiles and allocates lazily: on this CPU the first TTFT
-was 44-99 ms against 16-33 ms warm, DESIGN.md; on a GPU CUDA graphs and the allocator add more). A fixed
+was 44-99 ms against 16-33 ms warm, docs/design.md; on a GPU CUDA graphs and the allocator add more). A fixed
 count either wastes time or lets a still-cold engine take traffic, so the agent keeps sending warmup
 requests until the last ``settle_count`` TTFTs lie within ``settle_tolerance`` of each other (or within
 ``settle_floor_seconds``, for TTFTs so small that noise is the whole difference), bounded by

@@ -179,6 +179,8 @@ def fleet_summary(nodes: Sequence[Json], replicas: Sequence[Json]) -> dict[str, 
 
 # Replica states that need a person's eyes (crash loops and give-ups), from the agent's state machine.
 TROUBLED_STATES = frozenset({"BACKOFF", "FATAL", "UNREACHABLE"})
+# Out of rotation by the agent's own verdict: answers /health, makes no progress (docs/design.md, "Progress").
+WEDGED_STATE = "WEDGED"
 # Warn this close to the GPU's own slowdown threshold (NVML reports it per board; never assume 85 °C).
 GPU_HEADROOM_WARN_CELSIUS = 5.0
 
@@ -189,7 +191,9 @@ def attention(nodes: Sequence[Json], replicas: Sequence[Json], gpus: Sequence[Js
              for n in nodes if n.get("status") == "stale"]
     for r in replicas:
         where = f"{r['node']}/{r['name']}"
-        if r.get("state") in TROUBLED_STATES:
+        if r.get("state") == WEDGED_STATE:
+            lines.append(f"replica {where} is WEDGED: out of rotation, canaries fail and no token moves")
+        elif r.get("state") in TROUBLED_STATES:
             lines.append(f"replica {where} is {r['state']} after {r.get('restarts_total', 0)} restarts")
         engine: Json = r.get("engine") or {}
         if engine.get("stalled"):

@@ -1,6 +1,6 @@
 """Writing a node's desired state: new engine args, a restart, or stop/start of one replica.
 
-Every change that needs the engine restarted is a new generation (DESIGN.md: ``--max-num-seqs`` and every
+Every change that needs the engine restarted is a new generation (docs/design.md: ``--max-num-seqs`` and every
 scheduler flag are fixed at start); the agent converges on the highest generation it is told.
 """
 

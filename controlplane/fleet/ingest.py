@@ -62,6 +62,8 @@ def replica_series_values(status: ReplicaStatus) -> dict[str, float]:
     # flags (their digest) each sample ran with.
     if status.canary_ok is not None:
         values["canary_ok"] = 1.0 if status.canary_ok else 0.0
+    if status.requests_in_flight_at_wedge is not None:
+        values["requests_lost"] = float(status.requests_in_flight_at_wedge)  # the stall restart's evidence
     max_num_seqs = get_int_flag(status.engine_args, "--max-num-seqs")
     if max_num_seqs is not None:
         values["max_num_seqs"] = float(max_num_seqs)

@@ -67,6 +67,8 @@ class ReplicaSample:
     generation: int | None = None
     # ``engine_args.flags_key`` of the engine's arguments: which other flags the readings were taken under.
     flags_key: int | None = None
+    # While WEDGED: the requests the agent counted in flight when it took the replica out of rotation.
+    requests_lost: int | None = None
 
     def __post_init__(self) -> None:
         _aware(self.at)
@@ -219,5 +221,6 @@ def sample_from_status(at: datetime, status: ReplicaStatus) -> ReplicaSample:
         max_num_seqs=get_int_flag(status.engine_args, "--max-num-seqs"),
         generation=status.generation,
         flags_key=flags_key(status.engine_args),
+        requests_lost=status.requests_in_flight_at_wedge,
     )
 

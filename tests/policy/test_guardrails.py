@@ -143,3 +143,11 @@ def test_require_approval_leaves_the_action_proposed_and_waiting():
     # Waiting for approval also holds the next proposal for the same target (no duplicate requests).
     [again] = one([restart()], GuardState(records=[record(d, NOW - timedelta(minutes=1))]), p)
     assert again.verdict == Verdict.SUPPRESSED and again.guardrail == "cooldown"
+
+
+def test_an_operators_restart_of_a_wedged_only_replica_is_within_budget():
+    # The agent took it out of rotation (WEDGED): it serves nothing, so a restart takes no capacity away,
+    # with or without a stall finding behind it.
+    snap = fleet(7200, [replica("r1", state=ReplicaState.WEDGED)])
+    [d] = one([restart("r1", policy_name="operator")], snap=snap, policies={"operator": policy("operator")})
+    assert d.verdict == Verdict.ALLOWED

@@ -48,3 +48,53 @@ def test_stall_shorter_than_the_window_does_not_fire():
 def test_a_replica_still_warming_is_not_judged():
     history = healthy(300) + wedged(310, 180)
     assert detect_stall(STALL, replica(history=history, state=ReplicaState.WARMING), at(490)) is None
+
+
+def frozen_core(start: float, duration: float, *, running: float = 0.0, canary_ok: bool | None = False):
+    """A wedged vLLM as it really reads: the frozen EngineCore publishes nothing, so running and waiting read 0
+    (or their last values), tokens stay flat and the canary times out (vLLM #39863, PR #46811)."""
+    return healthy(duration, start=start, requests_running=running, requests_waiting=0.0,
+                   generation_tokens_total=123456.0, generation_tokens_per_second=0.0, canary_ok=canary_ok,
+                   canary_ttft_seconds=None, ttft_p99_seconds=None, itl_p99_seconds=None)
+
+
+def test_a_wedge_whose_gauges_read_zero_is_a_stall_and_counts_the_requests_it_took():
+    history = healthy(300, requests_running=3.0) + frozen_core(310, 180)
+    finding = detect_stall(STALL, replica(history=history), at(490))
+    assert finding is not None
+    assert finding.measured["requests_lost"] == 3.0  # what it ran when it last made progress
+    assert "3 in-flight request(s) are lost" in finding.summary
+
+
+def test_a_wedge_whose_gauges_froze_at_their_last_values_is_a_stall():
+    history = healthy(300, requests_running=2.0) + frozen_core(310, 180, running=2.0)
+    finding = detect_stall(STALL, replica(history=history), at(490))
+    assert finding is not None and finding.measured["requests_lost"] == 2.0
+
+
+def test_one_failed_canary_on_an_idle_engine_is_not_a_stall():
+    blip = frozen_core(310, 180, canary_ok=True)
+    blip[5] = frozen_core(360, 0)[0]  # one canary failed, the next ones completed
+    history = healthy(300) + blip
+    assert detect_stall(STALL, replica(history=history), at(490)) is None
+
+
+def test_a_late_canary_while_tokens_flow_is_never_a_stall():
+    history = healthy(600, requests_running=0.0, canary_ok=False, canary_ttft_seconds=None)
+    assert detect_stall(STALL, replica(history=history), at(600)) is None
+
+
+def test_the_agents_wedged_verdict_held_for_the_window_is_a_stall():
+    history = healthy(300, requests_running=1.0) + frozen_core(310, 180)
+    since = at(400)
+    wedged = replica(history=history, state=ReplicaState.WEDGED, state_since=since)
+    assert detect_stall(STALL, wedged, at(480)) is None  # WEDGED for 80 s of the 120 s window
+    finding = detect_stall(STALL, wedged, at(520))
+    assert finding is not None and finding.measured["wedged"] is True
+    assert "the agent judged it WEDGED 2m ago" in finding.summary
+
+
+def test_a_wedged_replica_is_restarted_even_when_its_engine_no_longer_answers_metrics():
+    history = healthy(300) + [s for s in frozen_core(310, 180) if s.at < at(330)]  # nothing read after 330 s
+    wedged = replica(history=history, state=ReplicaState.WEDGED, state_since=at(320))
+    assert detect_stall(STALL, wedged, at(460)) is not None

@@ -1,14 +1,24 @@
-"""Stall: work queued while no token is generated, confirmed by a failed canary.
+"""Stall: an engine that answers but makes no progress. ``docs/design.md`` ("Progress") has the whole table.
 
-/health stays 200 on a wedged EngineCore (vLLM #39863, #17972, #43423), so progress is the only signal. A
-slow canary under a full batch is not a stall: with running near max-num-seqs and tokens still moving the
-engine is busy, not wedged (ray#54070) — restarting it would only drop the batch.
+/health stays 200 on a wedged EngineCore (vLLM #39863, #17972, #43423), and its gauges cannot be trusted: a
+frozen core publishes nothing, so running and waiting may read 0 while clients' requests hang (vLLM PR
+#46811). Progress is judged from what a wedge cannot fake, over the policy's whole ``for:``:
+
+- the agent's own verdict, WEDGED (its canaries failed in a row while no generation token moved);
+- a canary failing all along while no generation token moved, whatever the gauges say;
+- work queued or running all along while no generation token moved (the gauges still publishing), confirmed
+  by a failed canary when ``require_canary_failure`` is set.
+
+Tokens moving rule the rest out: a slow canary under a full batch is a busy engine, not a wedged one
+(ray#54070), and restarting it would only drop the batch.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 
+from agent.wire import ReplicaState
 from controlplane.policy.conditions import StallCondition
 from controlplane.policy.detectors.findings import Finding, covering, evidence_of
 from controlplane.policy.durations import format_duration
@@ -19,7 +29,11 @@ FIELDS = ["requests_running", "requests_waiting", "generation_tokens_total", "ge
 
 
 def _queued(sample: ReplicaSample) -> bool:
-    return (sample.requests_running or 0) + (sample.requests_waiting or 0) > 0
+    return _in_flight(sample) > 0
+
+
+def _in_flight(sample: ReplicaSample) -> float:
+    return (sample.requests_running or 0) + (sample.requests_waiting or 0)
 
 
 def tokens_moved(run: list[ReplicaSample]) -> bool | None:
@@ -33,33 +47,69 @@ def tokens_moved(run: list[ReplicaSample]) -> bool | None:
     return None
 
 
+def canary_failing(run: list[ReplicaSample]) -> bool:
+    """Every canary reading over the run failed (at least one was read): not one blip among successes."""
+    readings = [s.canary_ok for s in run if s.canary_ok is not None]
+    return bool(readings) and not any(readings)
+
+
 def is_busy(cond: StallCondition, replica: Replica, latest: ReplicaSample) -> bool:
     """A full batch: requests running at (or near) the engine's max-num-seqs."""
     limit = replica.max_num_seqs or latest.max_num_seqs
     return limit is not None and (latest.requests_running or 0) >= cond.busy_ratio * limit
 
 
+def requests_lost(history: Sequence[ReplicaSample], run: list[ReplicaSample]) -> float:
+    """The requests the engine held when it last made progress: a restart loses them anyway.
+
+    The agent's count when it judged the replica WEDGED (client connections open to the engine), else the
+    gauges: the last sample before the run whose tokens moved, and the run itself (a frozen core's gauges read
+    0 or keep their last values: either way the last live reading is the count)."""
+    start = run[0].at
+    before = [s for s in history if s.at < start]
+    live = next((s for s in reversed(before) if (s.generation_tokens_per_second or 0) > 0), None)
+    gauges = [_in_flight(s) for s in ([live] if live is not None else []) + run]
+    counted = [float(s.requests_lost) for s in run if s.requests_lost is not None]  # the agent's own count
+    return max(gauges + counted, default=0.0)
+
+
 def detect_stall(cond: StallCondition, replica: Replica, now: datetime) -> Finding | None:
-    """A finding when a serving replica had work for the whole window and generated nothing."""
-    if not replica.serving:
+    """A finding when a replica made no progress for the whole window (see the module's rules)."""
+    wedged = replica.state == ReplicaState.WEDGED
+    if not (replica.serving or wedged):
         return None
     run = covering(replica.history, now, cond.for_)
-    if run is None or not all(_queued(s) for s in run):
-        return None
-    moved = tokens_moved(run)
-    if moved is None or moved:
-        return None  # tokens moving: busy or slow, never wedged
-    canary_failed = any(s.canary_ok is False for s in run)
-    if cond.require_canary_failure and not canary_failed:
-        return None
+    if wedged:
+        # Only a restart brings a WEDGED replica back: its verdict, held for ``for:``, is the finding, even when
+        # the history is thin (a wedged replica reports but its engine may no longer answer /metrics).
+        since = replica.state_since
+        if since is None or now - since < timedelta(seconds=cond.for_):
+            return None
+        run = run or [s for s in replica.history if s.at >= since] or list(replica.history[-1:])
+        if not run:
+            return None
+        why = f"the agent judged it WEDGED {format_duration((now - since).total_seconds())} ago"
+    else:
+        if run is None:
+            return None
+        moved = tokens_moved(run)
+        if moved is None or moved:
+            return None  # tokens moving: busy or slow, never wedged
+        confirmed = any(s.canary_ok is False for s in run) or not cond.require_canary_failure
+        if not (canary_failing(run) or (all(_queued(s) for s in run) and confirmed)):
+            return None
+        why = f"no generation token for {format_duration(cond.for_)}"
     latest = run[-1]
+    lost = requests_lost(replica.history, run)
+    canary_failed = any(s.canary_ok is False for s in run)
     return Finding(
         detector="stall",
         subject=replica.key,
-        summary=f"{(latest.requests_running or 0):g} running / {(latest.requests_waiting or 0):g} waiting and no "
-        f"generation token for {format_duration(cond.for_)}"
+        summary=f"{(latest.requests_running or 0):g} running / {(latest.requests_waiting or 0):g} waiting; {why}"
         + ("; canary failed" if canary_failed else "")
-        + ("; batch is full, yet no token moved" if is_busy(cond, replica, latest) else ""),
-        measured={"generation_tokens_total": latest.generation_tokens_total, "canary_failed": canary_failed},
+        + ("; batch is full, yet no token moved" if is_busy(cond, replica, latest) else "")
+        + (f"; {lost:g} in-flight request(s) are lost with the engine" if lost else ""),
+        measured={"generation_tokens_total": latest.generation_tokens_total, "canary_failed": canary_failed,
+                  "wedged": wedged, "requests_lost": lost},
         evidence=evidence_of(run, FIELDS),
     )
