@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -90,14 +91,15 @@ async def _generate(ctx: ServingContext, request: Request, *, chat: bool) -> Res
     except ValueError as exc:
         return _error(ApiError(400, f"JSON decode error: {exc}"))
     if ctx.draining:
-        # vLLM answers new work with 500 while it drains; /health stays 200 (see DESIGN.md).
+        # vLLM answers new work with 500 while it drains; /health stays 200 (see docs/design.md).
         return _error(ApiError(500, "The server is shutting down; request refused."))
     try:
         req = parse_request(body, chat=chat, served_names=ctx.served_names, max_model_len=ctx.max_model_len)
     except ApiError as exc:
         return _error(exc)
     if ctx.error_rate > 0 and ctx.rng.random() < ctx.error_rate:
-        ctx.engine.metrics.success["error"].inc()
+        if not ctx.engine.metrics.frozen:  # a hung engine's counters stay flat (vllm#39863)
+            ctx.engine.metrics.success["error"].inc()
         return _error(ApiError(500, "Internal server error (injected fault)."))
     try:
         handle = ctx.engine.submit(prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
@@ -105,19 +107,42 @@ async def _generate(ctx: ServingContext, request: Request, *, chat: bool) -> Res
     except EngineDeadError as exc:
         return _error(ApiError(500, f"EngineCore encountered an issue: {exc}"))
     if req.stream:
+        # Starlette sends the 200 headers at once and then waits on the stream; on a hung engine that is all
+        # the client ever gets. It also cancels the stream when the client goes, which aborts the request.
         return StreamingResponse(_stream(ctx, req, handle), media_type="text/event-stream")
+    # Like vLLM's ``with_cancellation``: a client that hangs up stops the wait, so a request queued on a hung
+    # engine does not stay in flight for ever (vllm#39863).
+    answer = asyncio.create_task(_answer(ctx, req, handle))
+    gone = asyncio.create_task(_disconnected(request))
     try:
-        while True:
-            event = await handle.events.get()
-            if isinstance(event, Token):
-                handle.first_token_sent(ctx.engine.clock.now())
-            elif isinstance(event, Failed):
-                return _error(ApiError(500, f"EngineCore encountered an issue: {event.message}"))
-            else:
-                return JSONResponse(ResponseWriter(req).full_response(handle.seq.generated, event.reason))
+        await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
     finally:
+        gone.cancel()
+        answer.cancel()
+        await asyncio.gather(answer, gone, return_exceptions=True)
         if not handle.done:
-            ctx.engine.abort(handle)
+            ctx.engine.abort(handle)  # the client went away
+    if answer.cancelled():
+        return Response(status_code=499)  # nobody is left to read it
+    return answer.result()
+
+
+async def _answer(ctx: ServingContext, req: GenerationRequest, handle: RequestHandle) -> Response:
+    """Wait for the whole answer of a non-streaming request."""
+    while True:
+        event = await handle.events.get()
+        if isinstance(event, Token):
+            handle.first_token_sent(ctx.engine.clock.now())
+        elif isinstance(event, Failed):
+            return _error(ApiError(500, f"EngineCore encountered an issue: {event.message}"))
+        else:
+            return JSONResponse(ResponseWriter(req).full_response(handle.seq.generated, event.reason))
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has hung up: the body is read, so the next ASGI message says so."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def create_app(ctx: ServingContext) -> FastAPI:

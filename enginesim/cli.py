@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 
-from enginesim.faults import FaultConfig, resolve_faults
+from enginesim.faults import HANG_GAUGES, FaultConfig, resolve_faults
 from enginesim.gpufile import gpu_indices
 from enginesim.loadgen import LoadSpec, run_load
 from enginesim.profiles import DEFAULT_PROFILE, PROFILES, get_profile
@@ -61,8 +61,15 @@ def _serve_parser() -> argparse.ArgumentParser:
     f = p.add_argument_group("fault injection (each also PITSTOP_SIM_FAULT_<NAME>; the flag wins)")
     f.add_argument("--fault-leak-rss-mb-per-min", type=float, default=None, help="host RSS grows (real memory)")
     f.add_argument("--fault-leak-gpu-mb-per-min", type=float, default=None, help="simulated GPU memory grows")
-    f.add_argument("--fault-hang-after", type=float, default=None,
-                   help="seconds until the engine stalls (/health stays 200)")
+    f.add_argument("--fault-hang-after", type=float, default=None, metavar="SECONDS",
+                   help="seconds until the engine wedges (vllm#39863): /health and /metrics keep answering 200, "
+                        "requests are accepted and never answered (streams get their 200 headers only), no "
+                        "token is generated and no vllm:* series moves any more (for running/waiting see "
+                        "--fault-hang-gauges)")
+    f.add_argument("--fault-hang-gauges", choices=HANG_GAUGES, default=None,
+                   help="what vllm:num_requests_running/waiting (and waiting_by_reason) read while hung: 'zero' "
+                        "(default; vLLM 0.32 with its EngineCore frozen) or 'last', the values at the hang; "
+                        "KV cache usage keeps its value either way")
     f.add_argument("--fault-crash-after", type=float, default=None, help="seconds until the engine dies")
     f.add_argument("--fault-fail-start", action="store_true", default=None, help="exit 1 during start-up")
     f.add_argument("--fault-error-rate", type=float, default=None, help="fraction of requests answered 500")

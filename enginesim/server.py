@@ -228,7 +228,7 @@ async def _run_serving(config: ServeConfig, gpus: list[SimulatedGpu], publisher:
     _log(out, f"Application startup complete; serving on http://{config.host}:{config.port}")
     tasks.append(asyncio.create_task(_run_engine(engine)))
     tasks.append(asyncio.create_task(watch_death()))
-    tasks.append(asyncio.create_task(_after(faults.hang_after, engine.hang)))
+    tasks.append(asyncio.create_task(_after(faults.hang_after, lambda: engine.hang(faults.hang_gauges))))
     tasks.append(asyncio.create_task(_after(faults.crash_after, crash)))
     tasks.append(asyncio.create_task(_after(faults.xid_after, xid)))
     tasks.append(asyncio.create_task(_after(faults.hot_gpu_after, hot)))

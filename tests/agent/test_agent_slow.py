@@ -178,24 +178,51 @@ def test_canary_measures_ttft(start_agent: Callable[..., AgentProcess]) -> None:
     assert 0 < agent.replica("r1")["canary_ttft_seconds"] < 5
 
 
-def test_a_wedged_engine_reads_healthy_but_is_reported_stalled(start_agent: Callable[..., AgentProcess]) -> None:
-    # vLLM #39863: a hung EngineCore keeps /health at 200; progress and the canary are the signals.
-    spec = sim_replica(args=[*SIM_ARGS, "--fault-hang-after", "4"], warmup={"requests": 1, "max_tokens": 2})
-    agent = start_agent([spec], canary_every=2, canary_timeout=1.0)
-    agent.wait_state("r1", "READY")
-    wait_until(lambda: agent.replica("r1")["canary_ok"] is False, 20, what="a failed canary")
-    assert httpx.get(f"http://127.0.0.1:{spec['port']}/health").status_code == 200
+@pytest.mark.parametrize("gauges", ["zero", "last"])
+def test_a_wedged_engine_reads_healthy_but_the_agent_takes_it_out_of_rotation(
+        start_agent: Callable[..., AgentProcess], gauges: str) -> None:
+    # vLLM #39863: a hung EngineCore keeps /health at 200 and its gauges read 0 (or freeze); the canary and
+    # the flat token counter are the signals, and the agent acts on them alone (no control plane here).
+    spec = sim_replica(args=[*SIM_ARGS, "--fault-hang-after", "4", "--fault-hang-gauges", gauges],
+                       warmup={"requests": 1, "max_tokens": 2})
+    agent = start_agent([spec], canary_timeout=1.0)  # canary_every and wedge_canaries at their defaults
 
     def send() -> None:
-        body = {"model": "tiny", "prompt": "x", "max_tokens": 50}
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 5000, "ignore_eos": True}
         with contextlib.suppress(httpx.HTTPError):
-            httpx.post(f"http://127.0.0.1:{spec['port']}/v1/completions", json=body, timeout=15)
+            httpx.post(f"http://127.0.0.1:{spec['port']}/v1/completions", json=body, timeout=30)
 
-    threading.Thread(target=send, daemon=True).start()  # queued behind the wedged engine
-    wait_until(lambda: (agent.replica("r1").get("engine") or {}).get("stalled") is True, 15, what="stall")
+    agent.wait_state("r1", "READY")
+    threading.Thread(target=send, daemon=True).start()  # in flight when the engine wedges
+    wedged = agent.wait_state("r1", "WEDGED", timeout=20)
+    assert wedged["ready"] is False and wedged["canary_ok"] is False
+    assert httpx.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 503
+    assert httpx.get(f"http://127.0.0.1:{spec['port']}/health").status_code == 200
     metrics = httpx.get(f"{agent.url}/metrics").text
-    assert 'pitstop_engine_stalled{model="tiny",node="test-node",replica="r1"} 1.0' in metrics
-    assert agent.replica("r1")["state"] == "READY"  # detecting is the agent's job; acting is the policy's
+    assert 'pitstop_replica_state{model="tiny",node="test-node",replica="r1",state="WEDGED"} 1.0' in metrics
+    time.sleep(3)  # it stays out: only a restart brings it back
+    assert agent.replica("r1")["state"] == "WEDGED"
+
+
+def test_a_wedged_engine_is_stopped_without_a_drain_and_comes_back_at_a_new_generation(
+        start_agent: Callable[..., AgentProcess], control_plane: tuple[ControlPlaneStandIn, str]) -> None:
+    cp, url = control_plane
+    spec = sim_replica(args=[*SIM_ARGS, "--fault-hang-after", "4"], warmup={"requests": 1, "max_tokens": 2},
+                       drain_timeout=60)
+    agent = start_agent([spec], control_plane=url, canary_timeout=1.0)
+    old_pid = agent.wait_state("r1", "READY")["process"]["pid"]
+    agent.wait_state("r1", "WEDGED", timeout=20)
+    cp.desired = DesiredState(node="test-node", replicas=[
+        ReplicaSpec(name="r1", generation=1, engine_args=list(SIM_ARGS), capture_stack=True)])
+    fresh = agent.wait_state("r1", "READY", timeout=30)  # well inside the 60 s drain it does not wait for
+    wait_until(lambda: any(e.to_state == "READY" for r in cp.reports[-5:] for e in r.events) or
+               any(r.replicas and r.replicas[0].generation == 1 for r in cp.reports), 10, what="reported")
+    assert fresh["generation"] == 1 and fresh["process"]["pid"] != old_pid
+    assert group_alive(old_pid) == []
+    transitions = [(e.from_state, e.to_state) for r in cp.reports for e in r.events if e.kind == "transition"]
+    assert ("READY", "WEDGED") in transitions and ("WEDGED", "STOPPING") in transitions
+    assert ("WEDGED", "DRAINING") not in transitions
+    assert any(e.kind == "stack_dump" for r in cp.reports for e in r.events)
 
 
 def test_start_deadline_is_a_failure_and_the_silent_engine_is_killed(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import httpx
 from prometheus_client import CollectorRegistry
+from starlette.types import ASGIApp
 
 from enginesim.api import ServingContext, create_app
 from enginesim.profiles import TINY_CPU
@@ -19,6 +20,7 @@ from enginesim.server import ServeConfig, build_engine
 class InProcessSim:
     client: httpx.AsyncClient
     ctx: ServingContext
+    app: ASGIApp  # for tests that must see ASGI messages httpx's transport buffers (headers before the body)
 
 
 @asynccontextmanager
@@ -29,10 +31,11 @@ async def inprocess_sim(**overrides: object) -> AsyncIterator[InProcessSim]:
     ctx = ServingContext(engine=engine, model=config.model, served_names=config.names,
                          max_model_len=config.model_len, registry=registry)
     runner = asyncio.create_task(engine.run())
-    transport = httpx.ASGITransport(app=create_app(ctx))
+    app = create_app(ctx)
+    transport = httpx.ASGITransport(app=app)
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
-            yield InProcessSim(client=client, ctx=ctx)
+            yield InProcessSim(client=client, ctx=ctx, app=app)
     finally:
         engine.stop()
         await runner

@@ -47,3 +47,23 @@ def test_fault_flags_win_over_environment() -> None:
 def test_bad_error_rate_is_refused() -> None:
     with pytest.raises(SystemExit):
         serve_config(["m", "--fault-error-rate", "1.5"], {})
+
+
+def test_hang_gauges_flag_and_environment() -> None:
+    assert serve_config(["m"], {})[0].faults.hang_gauges == "zero"  # what vLLM 0.32 showed (vllm#39863)
+    config, _ = serve_config(["m", "--fault-hang-after", "3", "--fault-hang-gauges", "last"], {})
+    assert config.faults.hang_after == 3.0 and config.faults.hang_gauges == "last"
+    env = {"PITSTOP_SIM_FAULT_HANG_GAUGES": " Last "}
+    assert serve_config(["m"], env)[0].faults.hang_gauges == "last"
+    assert serve_config(["m", "--fault-hang-gauges", "zero"], env)[0].faults.hang_gauges == "zero"  # flag wins
+
+
+def test_bad_hang_gauges_are_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"hang gauges must be one of zero, last, got 'frozen'"):
+        resolve_faults({}, {"PITSTOP_SIM_FAULT_HANG_GAUGES": "frozen"})
+    with pytest.raises(ValueError, match="zero, last"):
+        FaultConfig(hang_gauges="frozen")  # type: ignore[arg-type]
+    with pytest.raises(SystemExit):
+        serve_config(["m"], {"PITSTOP_SIM_FAULT_HANG_GAUGES": "frozen"})
+    with pytest.raises(SystemExit):
+        serve_config(["m", "--fault-hang-gauges", "frozen"], {})

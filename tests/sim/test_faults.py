@@ -8,6 +8,7 @@ import time
 import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import http_ok, wait_until
 from tests.sim.conftest import StartSim
@@ -26,18 +27,51 @@ def test_rss_leak_grows_real_memory(start_sim: StartSim) -> None:
     assert grown > 30 * 2**20, grown
 
 
-def test_hung_engine_stays_healthy_but_emits_nothing(start_sim: StartSim) -> None:
-    sim = start_sim("--fault-hang-after", "0.5")
-    time.sleep(0.8)
-    thread, out = in_thread(stream_chat, sim.url, 20, timeout=2.0)
-    wait_until(lambda: metric(sim.url, "vllm:num_requests_running") + metric(sim.url, "vllm:num_requests_waiting")
-               > 0, 5, what="request queued")
-    tokens = metric(sim.url, "vllm:generation_tokens_total")
-    time.sleep(1.0)
+def vllm_series(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every ``vllm:`` sample of one /metrics scrape, by name and labels."""
+    response = httpx.get(url + "/metrics")
+    assert response.status_code == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(response.text) for s in family.samples
+            if s.name.startswith("vllm:")}
+
+
+@pytest.mark.parametrize("gauges", ["zero", "last"])
+def test_hung_engine_stays_healthy_but_publishes_nothing(start_sim: StartSim, gauges: str) -> None:
+    # vllm#39863, as measured on vLLM 0.32 with its EngineCore frozen: /health and /metrics answer, requests are
+    # taken and never answered, and the core's gauges and counters stop (running/waiting at 0, or as they were).
+    flags = ["--fault-hang-gauges", "last"] if gauges == "last" else []  # zero is the default
+    sim = start_sim("--fault-hang-after", "2", "--max-num-seqs", "1", *flags)
+    listening = time.monotonic()  # no earlier than the server started listening, where the 2 s count from
+    # One stream decoding and one queued behind it (max-num-seqs 1) when the hang comes; both give up 2 s into it.
+    before = [in_thread(stream_chat, sim.url, 1500, timeout=2.0) for _ in range(2)]
+    wait_until(lambda: metric(sim.url, "vllm:num_requests_running") == 1
+               and metric(sim.url, "vllm:num_requests_waiting") == 1, 2, interval=0.05, what="one running, one queued")
+    seen: list[float] = []
+
+    def tokens_stopped() -> bool:
+        seen.append(metric(sim.url, "vllm:generation_tokens_total"))
+        # A live tiny-cpu engine moves tokens every few ms; past 2 s a pause is the hang, not a starved host.
+        return time.monotonic() - listening > 2 and len(seen) > 1 and seen[-1] == seen[-2]
+
+    wait_until(tokens_stopped, 10, interval=0.2, what="the hang")
+    frozen = vllm_series(sim.url)
+    held = 0.0 if gauges == "zero" else 1.0
+    assert metric(sim.url, "vllm:num_requests_running") == held
+    assert metric(sim.url, "vllm:num_requests_waiting") == held
+
+    late = stream_chat(sim.url, 20, timeout=1.0)  # accepted, 200 headers, then no token within the timeout
+    assert late.status == 200 and late.token_times == [] and not late.done and late.error == "ReadTimeout"
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(sim.url + "/v1/completions", timeout=0.5,
+                   json={"model": "test-model", "prompt": "hello", "max_tokens": 5})
     assert http_ok(sim.url + "/health")  # vllm#39863: /health says nothing about progress
-    assert metric(sim.url, "vllm:generation_tokens_total") == tokens
-    thread.join(5)
-    assert out and not out[0].done and out[0].token_times == []
+    assert vllm_series(sim.url) == frozen  # new requests moved no gauge, counter or histogram
+    for thread, out in before:
+        thread.join(5)
+        assert out and not out[0].done and out[0].error == "ReadTimeout"
+    assert vllm_series(sim.url) == frozen  # nor did the clients that gave up
+    assert http_ok(sim.url + "/health")
 
 
 def test_crash_breaks_streams_and_exits_nonzero(start_sim: StartSim) -> None:

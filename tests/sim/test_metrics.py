@@ -23,7 +23,7 @@ REQUIRED = [
     "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
     "vllm:request_inference_time_seconds", "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
 ]
-# Copied from DESIGN.md (vLLM 0.33's buckets), independent of the code's table.
+# Copied from docs/design.md (vLLM 0.33's buckets), independent of the code's table.
 DESIGN_BUCKETS = {
     "vllm:time_to_first_token_seconds": ".001 .005 .01 .02 .04 .06 .08 .1 .25 .5 .75 1 2.5 5 7.5 10 20 40 80 160 "
                                         "640 2560",
