@@ -448,3 +448,20 @@ def test_a_peers_restart_holds_new_lowerings_until_the_load_it_moved_has_settled
     snap = fleet(670, reps)
     [act] = evaluate_policy(ITL, snap, snap.now)
     assert act.kind == "lower_max_num_seqs" and act.target.key == "replica:n1/r2" and act.params["max_num_seqs"] == 32
+
+
+def test_a_wedged_peer_is_unavailable_to_the_governor_and_holds_nothing_back():
+    # The agent took r3 out of rotation (WEDGED): it serves nothing, so the governor neither waits for it as a
+    # peer in flight nor compares throughput against its flat counters; it decides as if r3 were not there.
+    working = [rep("r1", 256, fine(256, 0, 300) + breaching(256, 310, 120)),
+               rep("r2", 256, fine(256, 0, 300) + breaching(256, 310, 120, itl=0.45))]
+    frozen = healthy(430, generation_tokens_total=5000.0, generation_tokens_per_second=0.0, canary_ok=False,
+                     itl_p99_seconds=None, max_num_seqs=256)
+    wedged = replica(name="r3", args=[*ARGS, "256"], history=frozen, state=ReplicaState.WEDGED,
+                     state_since=at(400))
+    alone = evaluate_policy(ITL, fleet(430, working), fleet(430, working).now)
+    beside = evaluate_policy(ITL, fleet(430, [*working, wedged]), fleet(430, working).now)
+    def decided(actions):
+        return [(a.kind, a.target.key, a.params["max_num_seqs"]) for a in actions]
+
+    assert decided(beside) == decided(alone) == [("lower_max_num_seqs", "replica:n1/r2", 192)]

