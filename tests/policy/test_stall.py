@@ -52,11 +52,12 @@ def test_a_replica_still_warming_is_not_judged():
     assert detect_stall(STALL, replica(history=history, state=ReplicaState.WARMING), at(490)) is None
 
 
-def frozen_core(start: float, duration: float, *, running: float = 0.0, canary_ok: bool | None = False):
+def frozen_core(start: float, duration: float, *, running: float = 0.0, canary_ok: bool | None = False,
+                tokens: float = 123456.0):
     """A wedged vLLM as it really reads: the frozen EngineCore publishes nothing, so running and waiting read 0
     (or their last values), tokens stay flat and the canary times out (vLLM #39863, PR #46811)."""
     return healthy(duration, start=start, requests_running=running, requests_waiting=0.0,
-                   generation_tokens_total=123456.0, generation_tokens_per_second=0.0, canary_ok=canary_ok,
+                   generation_tokens_total=tokens, generation_tokens_per_second=0.0, canary_ok=canary_ok,
                    canary_ttft_seconds=None, ttft_p99_seconds=None, itl_p99_seconds=None)
 
 
@@ -86,14 +87,23 @@ def test_a_late_canary_while_tokens_flow_is_never_a_stall():
     assert detect_stall(STALL, replica(history=history), at(600)) is None
 
 
-def test_the_agents_wedged_verdict_held_for_the_window_is_a_stall():
-    history = healthy(300, requests_running=1.0) + frozen_core(310, 180)
-    since = at(400)
-    wedged = replica(history=history, state=ReplicaState.WEDGED, state_since=since)
-    assert detect_stall(STALL, wedged, at(480)) is None  # WEDGED for 80 s of the 120 s window
-    finding = detect_stall(STALL, wedged, at(520))
+def test_the_agents_wedged_verdict_with_no_token_for_the_window_is_a_stall():
+    # Busy until 400 s, frozen since; the agent's verdict came at 406 s. The window counts from the last token.
+    history = healthy(400, requests_running=1.0) + frozen_core(410, 180, tokens=1000.0 + 400.0 * 400)
+    wedged = replica(history=history, state=ReplicaState.WEDGED, state_since=at(406))
+    assert detect_stall(STALL, wedged, at(450)) is None  # tokens moved 50 s ago: not for the 2 minutes yet
+    finding = detect_stall(STALL, wedged, at(530))
     assert finding is not None and finding.measured["wedged"] is True
-    assert "the agent judged it WEDGED 2m ago" in finding.summary
+    assert "the agent judged it WEDGED 2m4s ago, no generation token for 2m" in finding.summary
+
+
+def test_an_idle_replica_the_agent_judged_wedged_is_a_stall_at_once():
+    # No traffic, so no token for minutes; two canaries then failed in a row: the verdict is the confirmation,
+    # and waiting out for: on top of it would only keep the replica out of rotation longer.
+    history = healthy(600, requests_running=0.0, generation_tokens_total=5000.0, generation_tokens_per_second=0.0)
+    wedged = replica(history=history, state=ReplicaState.WEDGED, state_since=at(595))
+    assert detect_stall(STALL, wedged, at(600)) is not None
+    assert detect_stall(STALL, replica(history=history), at(600)) is None  # READY and idle: nothing
 
 
 def test_a_wedged_replica_is_restarted_even_when_its_engine_no_longer_answers_metrics():

@@ -4,7 +4,8 @@
 frozen core publishes nothing, so running and waiting may read 0 while clients' requests hang (vLLM PR
 #46811). Progress is judged from what a wedge cannot fake, over the policy's whole ``for:``:
 
-- the agent's own verdict, WEDGED (its canaries failed in a row while no generation token moved);
+- the agent's own verdict, WEDGED (its canaries failed in a row while no generation token moved), with no
+  token for ``for:`` or the verdict itself that old;
 - a canary failing all along while no generation token moved, whatever the gauges say;
 - work queued or running all along while no generation token moved (the gauges still publishing), confirmed
   by a failed canary when ``require_canary_failure`` is set.
@@ -80,15 +81,21 @@ def detect_stall(cond: StallCondition, replica: Replica, now: datetime) -> Findi
         return None
     run = covering(replica.history, now, cond.for_)
     if wedged:
-        # Only a restart brings a WEDGED replica back: its verdict, held for ``for:``, is the finding, even when
-        # the history is thin (a wedged replica reports but its engine may no longer answer /metrics).
+        # The agent's verdict already carries its confirmation (canaries failed in a row), and only a restart
+        # brings a WEDGED replica back: waiting out ``for:`` on top of it would only keep the capacity away. So
+        # it is a stall once no token moved for ``for:`` (counted from the last token, not from the verdict),
+        # or once the verdict itself has held that long (its engine may no longer answer /metrics).
         since = replica.state_since
-        if since is None or now - since < timedelta(seconds=cond.for_):
+        flat = run is not None and tokens_moved(run) is False
+        held = since is not None and now - since >= timedelta(seconds=cond.for_)
+        if not (flat or held):
             return None
-        run = run or [s for s in replica.history if s.at >= since] or list(replica.history[-1:])
+        run = run or [s for s in replica.history if since is None or s.at >= since] or list(replica.history[-1:])
         if not run:
             return None
-        why = f"the agent judged it WEDGED {format_duration((now - since).total_seconds())} ago"
+        why = ("the agent judged it WEDGED" + (f" {format_duration((now - since).total_seconds())} ago"
+                                                 if since is not None else "")
+               + (f", no generation token for {format_duration(cond.for_)}" if flat else ""))
     else:
         if run is None:
             return None
