@@ -30,17 +30,12 @@ import yaml
 from agent.wire import DesiredState, ReplicaSpec, ReplicaState
 from tests.agent.conftest import AgentProcess, ControlPlaneStandIn, group_alive
 from tests.helpers import free_port, http_ok, wait_until
+from tests.integration.real_vllm import START_TIMEOUT, require_real_vllm, vllm_replica
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".pitstop" / "vllm-venv" / "bin" / "python"
-MODEL_DIR = REPO / ".pitstop" / "tiny-llama"
-START_TIMEOUT = 300.0  # ~40 s alone on two cores; more when the machine is busy
-
-if not (VLLM_PYTHON.exists() and (MODEL_DIR / "config.json").exists()):
-    pytest.skip("real vLLM not prepared: run scripts/setup-real-vllm.sh (.pitstop/vllm-venv, .pitstop/tiny-llama)",
-                allow_module_level=True)
+require_real_vllm()
 
 
 class Harness:
@@ -76,19 +71,14 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     wait_until(lambda: server.started, 10, what="control-plane stand-in")
 
     port = free_port()
-    replica = {
-        "name": "tiny-0", "model": "tiny", "port": port, "engine": "vllm",
-        "command": [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
-                    "--served-model-name", "{model}", "--max-model-len", "256",
-                    "--kv-cache-memory-bytes", "67108864", "--enforce-eager", "--host", "{host}", "--port", "{port}"],
+    replica = vllm_replica(
+        "tiny-0", port,
         # One sequence at a time: a burst of streams queues, so a drain has running and waiting work to wait for.
-        "args": ["--max-num-seqs", "1"], "env": {"HF_HUB_OFFLINE": "1"},
+        args=["--max-num-seqs", "1"],
         # drain_grace covers a request sent just before readiness went off that the starved API server is still
         # tokenizing (it is not yet "running" or "waiting" in /metrics): on 2 busy cores that took over 2 s.
-        "start_timeout": START_TIMEOUT, "drain_timeout": 90, "drain_grace": 5.0,
-        "stop_timeout": 30, "shutdown_timeout": 20, "probe_timeout": 10,
-        "warmup": {"requests": 3, "max_tokens": 8, "timeout": 60},
-    }
+        drain_timeout=90, drain_grace=5.0, stop_timeout=30, shutdown_timeout=20, probe_timeout=10,
+        warmup={"requests": 3, "max_tokens": 8, "timeout": 60})
     config = {"node": "test-node", "port": free_port(), "control_plane": f"http://127.0.0.1:{cp_port}",
               "gpu_backend": "sim", "sim_gpu_dir": str(tmp / "simgpu"), "state_dir": str(tmp / "state"),
               "scrape_interval": 1, "report_interval": 1, "canary_every": 2, "canary_timeout": 30,

@@ -34,17 +34,11 @@ from controlplane.policy.loader import DEFAULTS_DIR
 from tests.agent.conftest import group_alive
 from tests.helpers import free_port, http_ok, wait_until
 from tests.integration.conftest import Processes
+from tests.integration.real_vllm import START_TIMEOUT, require_real_vllm, vllm_replica
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".pitstop" / "vllm-venv" / "bin" / "python"
-MODEL_DIR = REPO / ".pitstop" / "tiny-llama"
-START_TIMEOUT = 300.0
-
-if not (VLLM_PYTHON.exists() and (MODEL_DIR / "config.json").exists()):
-    pytest.skip("real vLLM not prepared: run scripts/setup-real-vllm.sh (.pitstop/vllm-venv, .pitstop/tiny-llama)",
-                allow_module_level=True)
+require_real_vllm()
 
 
 class Fleet:
@@ -98,16 +92,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "port": api_port, "database_url": f"sqlite:///{tmp / 'fleet.db'}", "policy_defaults": False,
         "policy_dir": str(_stall_only(tmp / "policies")), "policy_interval_seconds": 1,
         "executor_interval_seconds": 1, "policy_process": False}))
-    replica = {
-        "name": "tiny-0", "model": "tiny", "port": engine_port, "engine": "vllm",
-        "command": [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
-                    "--served-model-name", "{model}", "--max-model-len", "256",
-                    "--kv-cache-memory-bytes", "67108864", "--enforce-eager", "--host", "{host}", "--port", "{port}"],
-        # Two sequences at a time: the wedge's two clients both run; more streams queue (the control case).
-        "args": ["--max-num-seqs", "2"], "env": {"HF_HUB_OFFLINE": "1"},
-        "start_timeout": START_TIMEOUT, "drain_timeout": 60, "drain_grace": 5.0, "stop_timeout": 20,
-        "shutdown_timeout": 5, "probe_timeout": 10, "warmup": {"requests": 3, "max_tokens": 8, "timeout": 60},
-    }
+    replica = vllm_replica(
+        "tiny-0", engine_port,
+        # Two sequences at a time: more streams queue inside the EngineCore (the wedge's, the control case's).
+        args=["--max-num-seqs", "2"], drain_timeout=60, drain_grace=5.0, stop_timeout=20, shutdown_timeout=5,
+        probe_timeout=10, warmup={"requests": 3, "max_tokens": 8, "timeout": 60})
     # Canary settings are the agent's defaults on purpose (every scrape interval, a 3 s deadline, 2 in a row).
     (tmp / "agent.yaml").write_text(yaml.safe_dump({
         "node": "wedge-node", "port": agent_port, "control_plane": f"http://127.0.0.1:{api_port}",

