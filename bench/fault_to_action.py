@@ -1,15 +1,18 @@
 """Fault to action: a stall, a TTFT SLO breach and a hot GPU in simulated replicas; Pitstop vs the stock pipeline.
 
 One real agent supervises three simulated engines, each its own model on its own GPU:
-``stalled`` wedges (``--fault-hang-after``: /health stays 200, no token moves) while client requests wait on
-it; ``slow`` runs ``--max-num-seqs 4`` and gets 48 concurrent streams at a known moment (TTFT p99 well over
+``stalled`` wedges as vLLM does (``--fault-hang-after`` with ``--fault-hang-gauges zero``: /health stays 200,
+no token moves, running and waiting read 0, requests are accepted and never answered) while client requests
+wait on it; ``slow`` runs ``--max-num-seqs 4`` and gets 48 concurrent streams at a known moment (TTFT p99 well over
 500 ms); ``hot``'s GPU heats past its slowdown threshold (``--fault-hot-gpu-after``). Fault times are exact:
 the simulator's timed faults count from the moment it listens, which the benchmark watches to 50 ms.
 
 Pitstop: the control plane's policy loop with the default policies, their ``for:`` cut to ``--policy-for``
 seconds (``policy_for_seconds`` in the output); measured from the fault to the action record's
 ``created_at`` (the stall's restart; the TTFT breach's and the hot GPU's alert, since ``ttft-slo`` and
-``thermal`` alert) and to the agent acting (the replica leaving READY for the restart; none for alerts).
+``thermal`` alert) and to the agent acting (the replica leaving READY; none for alerts). For the stall the agent
+acts first and on its own: fault → readiness off (WEDGED, on the agent's default canary settings), fault →
+the restart record, fault → READY again at a new generation.
 Baseline, side by side in the same run: Prometheus scraping the same agent every 15 s with the repo's rules
 unchanged (``alerts/pitstop-rules.yml``: EngineStalled ``for: 2m``, TTFTSLOBreach ``for: 1m``, GPUHot
 ``for: 2m`` / GPUThrottled ``for: 1m``), Alertmanager with ``group_wait: 30s``, a webhook receiver;
@@ -86,6 +89,9 @@ class Poller:
         self.fleet = fleet
         self.actions: dict[int, dict[str, Any]] = {}
         self.left_ready: dict[str, float] = {}
+        self.not_ready: dict[str, float] = {}  # first time seen not ready (whatever the reason)
+        self.ready_again: dict[str, float] = {}  # first time READY at a generation above the first one seen
+        self._generation: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -97,8 +103,14 @@ class Poller:
                 for a in client.get(f"{self.fleet.cp}/v1/actions", params={"limit": "200"}).json():
                     self.actions.setdefault(a["id"], a)
                 for r in client.get(f"{self.fleet.agent}/v1/replicas").json():
-                    if self.first_action(r["name"]) and r["state"] != "READY":
-                        self.left_ready.setdefault(r["name"], time.time())
+                    now, name = time.time(), r["name"]
+                    first = self._generation.setdefault(name, r["generation"])
+                    if r["state"] != "READY":
+                        self.not_ready.setdefault(name, now)
+                    if self.first_action(name) and r["state"] != "READY":
+                        self.left_ready.setdefault(name, now)
+                    if r["state"] == "READY" and r["generation"] > first:
+                        self.ready_again.setdefault(name, now)
             except (httpx.HTTPError, ValueError):
                 continue
         client.close()
@@ -126,7 +138,8 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     # The TTFT model has two replicas: the governor's canary may take one of them out (budget: one READY).
     for side, first_gpu in (("p", 0), ("b", 4)):
         replicas += [
-            Replica(f"{side}-stalled", args=[*sim, "--fault-hang-after", f"{HANG_AFTER:g}"], gpu=first_gpu,
+            Replica(f"{side}-stalled", args=[*sim, "--fault-hang-after", f"{HANG_AFTER:g}", "--fault-hang-gauges",
+                                             "zero"], gpu=first_gpu,
                     model=f"{side}-stall"),
             *(Replica(f"{side}-slow{i}", args=[*sim, "--max-num-seqs", str(TTFT_SEQS)], gpu=first_gpu + 1 + i,
                       model=f"{side}-ttft") for i in range(2)),
@@ -142,8 +155,8 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     server = {"policy_dir": str(policies), "policy_interval_seconds": 1.0}
     with Processes(tmp / "logs") as procs, WebhookReceiver() as hook:
         watch = ListenWatch({r.name: r.port for r in replicas})
-        fleet = Fleet.start(tmp, procs, replicas, server=server,
-                            agent={"canary_every": 2, "canary_timeout": 3, "scrape_interval": 1.0})
+        # The agent's canary settings are its defaults: the wedge must be seen on them.
+        fleet = Fleet.start(tmp, procs, replicas, server=server, agent={"scrape_interval": 1.0})
         quick = args.quick
         am = start_alertmanager(tmp, procs, hook.url, group_wait="5s" if quick else "30s")
         rules = rules_copy(tmp / "rules.yml", for_seconds=10 if quick else None, interval="5s" if quick else None)
@@ -155,7 +168,7 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         fault_at |= {("hot", side): watch.first[f"{side}-hot"] + HOT_AFTER for side in "pb"}
         poller = Poller(fleet)
         loop = None if server_runs_policies() else StandInLoop(fleet.database_url, policies).__enter__()
-        # Requests that will wait on the wedged engines: a stall is work queued with no token moving.
+        # Requests that will wait on the wedged engines (and be lost with them: counted in the finding).
         loads = [BackgroundLoad(LoadSpec(urls=[f"http://127.0.0.1:{by_name[f'{side}-stalled'].port}"],
                                          concurrency=4, duration=0, prompt_tokens=32, max_tokens=64,
                                          model=f"{side}-stall", request_timeout=600)).start() for side in "pb"]
@@ -198,10 +211,17 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         acted = None if fault == "ttft" else min((poller.left_ready[n] for n in names if n in poller.left_ready),
                                                  default=None)
         base = got.get(fault)
+        stall = fault == "stall"
+        not_ready = poller.not_ready.get(names[0]) if stall else None
+        again = poller.ready_again.get(names[0]) if stall else None
+        finding = (action.get("evidence") or [{}])[0] if action and stall else {}
         out[fault] = {
             "pitstop_action_s": wall(action["created_at"]) - fault_at[(fault, "p")] if action else None,
             "pitstop_action": {k: action[k] for k in ("kind", "policy", "target", "state")} if action else None,
             "pitstop_agent_acted_s": acted - fault_at[(fault, "p")] if acted else None,
+            "pitstop_ready_off_s": not_ready - fault_at[(fault, "p")] if not_ready else None,
+            "pitstop_ready_again_s": again - fault_at[(fault, "p")] if again else None,
+            "requests_lost": (finding.get("measured") or {}).get("requests_lost") if stall else None,
             "baseline_s": base["at"] - fault_at[(fault, "b")] if base else None,
             # Not delivered by the end of the run: the baseline took at least this long.
             "baseline_waited_s": None if base else ended - fault_at[(fault, "b")],
@@ -216,7 +236,8 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[list[str
     medians, rows = {}, []
     for fault in FAULTS:
         m: dict[str, Any] = {k: median([r[fault][k] for r in runs if r[fault][k] is not None])
-                             for k in ("pitstop_action_s", "pitstop_agent_acted_s")}
+                             for k in ("pitstop_action_s", "pitstop_agent_acted_s", "pitstop_ready_off_s",
+                                       "pitstop_ready_again_s")}
         waited = [r[fault]["baseline_s"] if r[fault]["baseline_s"] is not None else r[fault].get("baseline_waited_s")
                   for r in runs]
         m["baseline_s"] = median(waited)
@@ -224,7 +245,8 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[list[str
         m["ratio"] = ratio(m["baseline_s"], m["pitstop_action_s"])
         medians[fault] = m
         bound = ">=" if m["baseline_lower_bound"] else ""
-        rows.append([fault, fmt(m["pitstop_action_s"], " s"), fmt(m["pitstop_agent_acted_s"], " s"),
+        rows.append([fault, fmt(m["pitstop_ready_off_s"], " s"), fmt(m["pitstop_action_s"], " s"),
+                     fmt(m["pitstop_ready_again_s"], " s"), fmt(m["pitstop_agent_acted_s"], " s"),
                      bound + fmt(m["baseline_s"], " s"), bound + fmt(m["ratio"], "x"),
                      "/".join(f"{a} for {rule_for(a)}" for a in ALERTS[fault])])
     return medians, rows
@@ -256,7 +278,8 @@ def main() -> int:
     loop = "control plane's policy job" if server_runs_policies() else "stand-in policy loop (bench/harness)"
     print(f"\nfault to action, medians of {args.runs} run(s); {loop}, policies with for: {args.policy_for:g} s; "
           f"{baseline_note}; {host_note()}")
-    print(table(["fault", "pitstop action", "agent acted", "baseline webhook", "baseline/pitstop", "stock rule"],
+    print(table(["fault", "readiness off", "pitstop action", "READY again", "agent acted", "baseline webhook",
+                 "baseline/pitstop", "stock rule"],
                 rows))
     write_json(args.out, "fault_to_action", {
         "settings": {"runs": args.runs, "policy_for_seconds": args.policy_for, "baseline": baseline_note,

@@ -53,6 +53,12 @@ def test_fault_to_action_pitstop_acts_before_the_stock_pipeline_alerts(tmp_path:
     assert doc["runs"][0]["ttft"]["pitstop_action"]["kind"] == "alert"
     assert doc["runs"][0]["ttft"]["pitstop_action"]["policy"] == "ttft-slo"
     assert doc["medians"]["stall"]["pitstop_agent_acted_s"] is not None
+    # The vLLM-like wedge: the agent takes readiness off before the restart is even recorded, and the replica
+    # comes back READY at a new generation.
+    stall = doc["medians"]["stall"]
+    assert stall["pitstop_ready_off_s"] is not None and stall["pitstop_ready_again_s"] is not None, doc["runs"]
+    assert stall["pitstop_ready_off_s"] < stall["pitstop_ready_again_s"]
+    assert doc["runs"][0]["stall"]["requests_lost"] >= 1  # the four streams waiting on the wedged engine
 
 
 @pytest.mark.timeout(300)
