@@ -53,7 +53,8 @@ def _start_agent(tmp: Path, processes: StackProcesses) -> tuple[str, int]:
         "node": "obs-node", "port": port, "control_plane": None,
         # Canaries every 5 s, the default rate (every scrape interval of 5 s): at every 0.5 s scrape they would
         # be ten times the traffic, and the early RSS growth it brings reads as a leak under 3 s rules.
-        "scrape_interval": 0.5, "canary_every": 10, "gpu_backend": "sim", "sim_gpu_count": 3, "sim_gpu_dir": str(tmp / "simgpu"),
+        "scrape_interval": 0.5, "canary_every": 10, "gpu_backend": "sim", "sim_gpu_count": 3,
+        "sim_gpu_dir": str(tmp / "simgpu"),
         "state_dir": str(tmp / "agent-state"),
         "backoff": {"base": 0.5, "cap": 1.0, "max_failures": 3, "window": 600},
         "replicas": [
