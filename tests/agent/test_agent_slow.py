@@ -279,3 +279,25 @@ def test_a_wedged_engines_canary_does_not_hold_back_the_other_replicas(
 
     wait_until(fresh_canaries, 10, what="r2's canary to keep reporting while r1's hangs")
     assert agent.replica("r1")["canary_ok"] is not False  # still waiting: its 30 s timeout has not passed
+
+
+def test_an_attached_engine_that_wedges_loses_readiness_only(start_agent: Callable[..., AgentProcess],
+                                                               tmp_path: Any) -> None:
+    # Not the agent's to restart: readiness off while it makes no progress, and it is never touched.
+    port = free_port()
+    engine = subprocess.Popen([sys.executable, "-m", "pitstop.cli", "sim", "serve", "ext", "--port", str(port),
+                               *SIM_ARGS, "--fault-hang-after", "4", "--sim-gpu-dir", str(tmp_path / "g")],
+                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        agent = start_agent([{"name": "ext", "model": "ext", "url": f"http://127.0.0.1:{port}"}],
+                            canary_timeout=1.0)
+        agent.wait_state("ext", "ATTACHED", timeout=20)
+        wait_until(lambda: agent.replica("ext")["ready"] is False, 20, what="readiness off for the wedged engine")
+        replica = agent.replica("ext")
+        assert replica["state"] == "ATTACHED" and replica["canary_ok"] is False
+        assert httpx.get(f"{agent.url}/v1/replicas/ext/ready").status_code == 503
+        assert engine.poll() is None  # still running: only watched
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(engine.pid, signal.SIGKILL)
+        engine.wait()
