@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import random
 import socket
 from collections.abc import Callable, Generator
 from datetime import datetime
@@ -32,7 +33,7 @@ from agent.orphans import Orphan, OrphanWatch
 from agent.probes import generation_tokens, stream_completion
 from agent.process_tree import ProcessTreeSampler
 from agent.progress import CanaryEvidence, Progress
-from agent.reporter import Reporter, ReportError, report_retry_delay
+from agent.reporter import Reporter, ReportError, next_attempt_in
 from agent.scrape import EngineScraper
 from agent.stackdump import StackDumper, find_py_spy
 from agent.states import utc_now
@@ -108,7 +109,7 @@ class Agent:
         self.desired_store = DesiredStore(self.state_dir)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AgentCollector(self.export_state))
-        self.reporter = (Reporter(report_client or client, config.control_plane, self.node, config.token)
+        self.reporter = (Reporter(report_client or client, config.control_plane, self.node, config.token, wall=wall)
                          if config.control_plane else None)
         self._ticks = 0
         # In-flight canaries, one per replica at most: they run beside the collection loop, never inside it.
@@ -121,6 +122,8 @@ class Agent:
         self.orphans = OrphanWatch(kill=config.kill_orphans)
         self._orphans_checked_at: float | None = None
         self.bound_port: int | None = None
+        # Retry jitter: seeded per agent so a fleet restarted at once does not retry in step.
+        self._rng = random.Random()
 
     # ---- views ------------------------------------------------------------------------------------------
     def statuses(self) -> list[ReplicaStatus]:
@@ -290,7 +293,7 @@ class Agent:
                 if failures == 0:  # once per outage, not once per attempt
                     log.warning("control plane unreachable (%s); supervising on the last desired state", exc)
                 failures += 1
-                await _wait(stop, report_retry_delay(failures, interval))
+                await _wait(stop, next_attempt_in(failures, interval, exc.retry_after, self._rng))
                 continue
             if failures:
                 log.info("control plane reachable again after %d failed reports", failures)

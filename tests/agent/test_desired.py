@@ -102,3 +102,37 @@ def test_reporter_failures_are_report_errors(response: httpx.Response | Exceptio
 
 def test_retry_delay_doubles_and_is_bounded() -> None:
     assert [report_retry_delay(n, 5.0) for n in (1, 2, 3, 4, 5, 10)] == [5, 10, 20, 40, 60, 60]
+
+
+def test_retries_are_jittered_over_the_backoff_and_never_sooner_than_retry_after() -> None:
+    import random
+
+    from agent.reporter import next_attempt_in
+
+    rng = random.Random(7)
+    waits = [next_attempt_in(3, 5.0, None, rng) for _ in range(200)]
+    assert all(0 <= w <= 20 for w in waits)  # full jitter over the third failure's 20 s
+    assert max(waits) - min(waits) > 10  # spread out: a fleet that failed together does not retry together
+    assert all(next_attempt_in(1, 5.0, 30.0, rng) >= 30.0 for _ in range(50))  # the control plane asked for 30 s
+    assert next_attempt_in(1, 5.0, 3600.0, rng) == 60.0  # but cannot silence an agent past its own cap
+
+
+@pytest.mark.parametrize(("header", "seconds"), [
+    ("7", 7.0), (" 12 ", 12.0), ("Sun, 29 Nov 2026 12:00:30 GMT", 30.0), ("Sun, 29 Nov 2026 11:00:00 GMT", 0.0),
+    ("soon", None), (None, None)])
+def test_retry_after_reads_seconds_and_http_dates(header: str | None, seconds: float | None) -> None:
+    from datetime import UTC, datetime
+
+    from agent.reporter import retry_after_seconds
+
+    assert retry_after_seconds(header, datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)) == seconds
+
+
+def test_a_busy_control_planes_retry_after_reaches_the_retry() -> None:
+    def handler(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, headers={"Retry-After": "4"}, text="report backlog full")
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    with pytest.raises(ReportError) as raised:
+        asyncio.run(Reporter(client, "http://cp", "n1").send(report()))
+    assert raised.value.retry_after == 4.0
