@@ -154,7 +154,10 @@ def _alerts_arrive(receiver: WebhookReceiver, prom: str) -> None:
     # The healthy engine's replica and the cool GPU raise nothing; the agent is up.
     names = {(a["labels"]["alertname"], a["labels"].get("replica"), a["labels"].get("gpu"))
              for a in firing(prom)}
-    assert not any(replica == "hot" for _, replica, _ in names), names
+    # Trend alerts are left out: their product rules need 30 minutes of a 1 h slope, and under 3 s rules any
+    # engine's first minute of allocations (canary traffic included) reads as a leak.
+    trends = {"HostRSSLeak", "ReplicaGPUMemoryGrowing"}
+    assert not any(replica == "hot" for name, replica, _ in names if name not in trends), names
     assert not any(gpu in ("1", "2") and name.startswith("GPU") for name, _, gpu in names), names
     assert not any(name in ("AgentDown", "ReplicaDown") for name, _, _ in names), names
     assert {replica for name, replica, _ in names if name == "ReplicaCrashLoop"} == {"broken"}
