@@ -59,11 +59,6 @@ class AttachedReplica:
             self.machine.note("wedged", "a canary completed again: readiness back on")
         return verdict
 
-    def engine_scraped(self, engine: EngineSample) -> None:
-        if engine.scrape_error is None:
-            busy = (engine.requests_running or 0.0) + (engine.requests_waiting or 0.0)
-            self.progress.engine_seen(busy, (engine.generation_tokens_per_second or 0.0) > 0)
-
     def request_shutdown(self) -> None:
         self._stop.set()
 

@@ -196,7 +196,7 @@ class Agent:
         if replica.state in SCRAPE_STATES:
             was_stalled = scraper.last.stalled if scraper.last is not None else None
             replica.engine = await scraper.scrape()
-            replica.engine_scraped(replica.engine)
+            replica.progress.engine_scraped(replica.engine)  # what a wedge would take with it
             if replica.engine.stalled and not was_stalled:
                 replica.machine.note("stall", "requests queued or running, generation tokens not moving")
         else:

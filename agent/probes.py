@@ -53,57 +53,52 @@ async def stream_completion(client: httpx.AsyncClient, base_url: str, model: str
     sends nothing (vLLM #39863), and a per-read timeout alone would also let a trickle of bytes run forever."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0}
     started = clock()
-    first: list[float] = []  # the TTFT, once seen (kept outside the timeout's scope)
+    ttft = None
     try:
-        async with asyncio.timeout(request_timeout):
-            return await _stream(client, f"{base_url}/v1/completions", body, request_timeout, started, clock,
-                                 first)
+        async with asyncio.timeout(request_timeout), client.stream(
+                "POST", f"{base_url}/v1/completions", json=body, timeout=request_timeout) as response:
+            if response.status_code != 200:
+                await response.aread()
+                return CompletionResult(False, error=f"HTTP {response.status_code}: {response.text[:200]}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    return CompletionResult(True, ttft)
+                if ttft is None:
+                    chunk = json.loads(payload)
+                    if "error" in chunk:
+                        return CompletionResult(False, None, str(chunk["error"])[:200])
+                    ttft = clock() - started
     except TimeoutError:
-        return CompletionResult(False, first[0] if first else None, f"no completion within {request_timeout:g}s")
+        return CompletionResult(False, ttft, f"no completion within {request_timeout:g}s")
     except (httpx.HTTPError, ValueError) as exc:
-        return CompletionResult(False, first[0] if first else None, f"{type(exc).__name__}: {exc}"[:300])
+        return CompletionResult(False, ttft, f"{type(exc).__name__}: {exc}"[:300])
+    return CompletionResult(False, ttft, "stream ended without [DONE]")
 
 
-async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, object], request_timeout: float,
-                  started: float, clock: Callable[[], float], first: list[float]) -> CompletionResult:
-    async with client.stream("POST", url, json=body, timeout=request_timeout) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return CompletionResult(False, error=f"HTTP {response.status_code}: {response.text[:200]}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                return CompletionResult(True, first[0] if first else None)
-            if not first:
-                chunk = json.loads(payload)
-                if "error" in chunk:
-                    return CompletionResult(False, None, str(chunk["error"])[:200])
-                first.append(clock() - started)
-    return CompletionResult(False, first[0] if first else None, "stream ended without [DONE]")
+async def _engine_values(client: httpx.AsyncClient, metrics_url: str, model: str,
+                         request_timeout: float) -> dict[str, float] | None:
+    """The engine's /metrics as the table's values (``agent.engine_metrics``); None when it cannot be read."""
+    try:
+        response = await client.get(metrics_url, timeout=request_timeout)
+        response.raise_for_status()
+        return parse_metrics(response.text, 0.0, model or None).values
+    except (httpx.HTTPError, MetricsParseError):
+        return None
 
 
 async def generation_tokens(client: httpx.AsyncClient, metrics_url: str, model: str,
                             request_timeout: float) -> float | None:
     """The engine's ``vllm:generation_tokens_total`` now; ``None`` when /metrics cannot be read or lacks it."""
-    try:
-        response = await client.get(metrics_url, timeout=request_timeout)
-        response.raise_for_status()
-        snap = parse_metrics(response.text, 0.0, model or None)
-    except (httpx.HTTPError, MetricsParseError):
-        return None
-    return snap.values.get("generation_tokens")
+    values = await _engine_values(client, metrics_url, model, request_timeout)
+    return None if values is None else values.get("generation_tokens")
 
 
 async def in_flight(client: httpx.AsyncClient, base_url: str, model: str, request_timeout: float) -> float | None:
     """Requests running plus waiting, from the engine's /metrics; ``None`` when it cannot be read."""
-    try:
-        response = await client.get(f"{base_url}/metrics", timeout=request_timeout)
-        response.raise_for_status()
-        snap = parse_metrics(response.text, 0.0, model or None)
-    except (httpx.HTTPError, MetricsParseError):
+    values = await _engine_values(client, f"{base_url}/metrics", model, request_timeout)
+    if values is None or ("running" not in values and "waiting" not in values):
         return None
-    if "running" not in snap.values and "waiting" not in snap.values:
-        return None
-    return snap.values.get("running", 0.0) + snap.values.get("waiting", 0.0)
+    return values.get("running", 0.0) + values.get("waiting", 0.0)

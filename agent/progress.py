@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from agent.wire import EngineSample
+
 
 class Progress(StrEnum):
     SERVING = "serving"
@@ -80,6 +82,12 @@ class ProgressWatch:
         """Remember the engine's in-flight count from a scrape that showed tokens moving."""
         if tokens_moving and in_flight is not None:
             self.in_flight_when_live = in_flight
+
+    def engine_scraped(self, engine: EngineSample) -> None:
+        """``engine_seen`` from one scrape of the engine's /metrics (a failed scrape says nothing)."""
+        if engine.scrape_error is None:
+            busy = (engine.requests_running or 0.0) + (engine.requests_waiting or 0.0)
+            self.engine_seen(busy, (engine.generation_tokens_per_second or 0.0) > 0)
 
     def reset(self) -> None:
         self.streak = 0

@@ -137,12 +137,6 @@ class ReplicaSupervisor:
             self._wake.set()
         return verdict
 
-    def engine_scraped(self, engine: EngineSample) -> None:
-        """Remember the in-flight count of the last scrape that saw tokens move (what a wedge takes with it)."""
-        if engine.scrape_error is None:
-            busy = (engine.requests_running or 0.0) + (engine.requests_waiting or 0.0)
-            self.progress.engine_seen(busy, (engine.generation_tokens_per_second or 0.0) > 0)
-
     def request_shutdown(self) -> None:
         self._shutdown = True
         self._wake.set()
