@@ -301,7 +301,7 @@ def policy_pass(url: str, more_reports: Callable[[], object]) -> dict[str, float
     history window into its cache), then warm (after one more report interval, reading only the new rows)."""
     from controlplane.policy import evaluate
     from controlplane.policy.guardrails import GuardConfig, decide
-    from controlplane.policy.loader import DEFAULTS_DIR, load_directory
+    from controlplane.policy_files import DEFAULTS_DIR, load_directory
     from controlplane.remediation.history import SampleHistory
     from controlplane.remediation.records import guard_state
     from controlplane.remediation.snapshot import build_snapshot

@@ -48,7 +48,7 @@ from bench.harness.stock_alerting import (
     start_alertmanager,
     start_prometheus,
 )
-from controlplane.policy.loader import DEFAULTS_DIR
+from controlplane.policy_files import DEFAULTS_DIR
 from enginesim.loadgen import LoadSpec
 
 HANG_AFTER = 20.0  # past start and warmup: a replica must be READY before it wedges

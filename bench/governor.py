@@ -48,7 +48,7 @@ from bench.harness.replica_watch import (
 )
 from controlplane.policy.actions import LowerMaxNumSeqsAction
 from controlplane.policy.conditions import ThresholdCondition
-from controlplane.policy.loader import DEFAULTS_DIR, load_directory
+from controlplane.policy_files import DEFAULTS_DIR, load_directory
 from enginesim.loadgen import LoadSpec
 from enginesim.profiles import H100_LLAMA_8B
 from enginesim.virtual_load import run_virtual_load

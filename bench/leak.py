@@ -41,10 +41,10 @@ from bench.harness.policy_loop import server_runs_policies
 from bench.harness.procs import Processes
 from controlplane.policy.detectors.leak import theil_sen
 from controlplane.policy.evaluate import evaluate
-from controlplane.policy.loader import DEFAULTS_DIR, load_directory
 from controlplane.policy.policy import Policy
 from controlplane.policy.snapshot import FleetSnapshot, Node, ReplicaSample
 from controlplane.policy.snapshot import Replica as SnapReplica
+from controlplane.policy_files import DEFAULTS_DIR, load_directory
 from controlplane.remediation.planning import plan_restart, restart_deadline
 
 MIB = 2**20

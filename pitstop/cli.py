@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "server": ("controlplane.cli", "main", "run the control plane (API, store, scheduler); 'server --help' for more"),
     "console": ("controlplane.console.launch", "main", "open the Streamlit ops console"),
     "sim": ("enginesim.cli", "main", "vLLM-compatible engine simulator: 'pitstop sim serve MODEL [vllm flags]'"),
-    "policy": ("controlplane.policy.cli", "main", "check remediation policy files, explain what they would do"),
+    "policy": ("controlplane.policy_cli", "main", "check remediation policy files, explain what they would do"),
     "dashboards": ("pitstop.dashboards", "main", "push the Grafana dashboards with grafana-client"),
     "demo": ("pitstop.demo", "main", "control plane + agent + three simulated replicas + console + load"),
 }

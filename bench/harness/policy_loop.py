@@ -16,7 +16,7 @@ from pathlib import Path
 
 from controlplane.config import ServerConfig
 from controlplane.policy.guardrails import Verdict, decide
-from controlplane.policy.loader import load_directory
+from controlplane.policy_files import load_directory
 from controlplane.remediation.records import guard_state, record_decision
 from controlplane.remediation.snapshot import build_snapshot
 from controlplane.store.db import make_engine, make_sessionmaker, session_scope

@@ -1,21 +1,19 @@
-"""Loading policy files: YAML validated by pydantic, each error naming the file, the line and the field.
+"""Parsing policy files: YAML validated by pydantic, each error naming the file, the line and the field.
 
 ``yaml.compose`` keeps the node tree with its marks, so a pydantic error location (``("condition", "for")``)
-is walked down the tree to the line that holds the bad value.
+is walked down the tree to the line that holds the bad value. Only text comes in, with its file name for the
+errors: reading the files is ``controlplane.policy_files``, outside this package, which does no IO.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
 from controlplane.policy.policy import Policy
-
-DEFAULTS_DIR = Path(__file__).with_name("defaults")
 
 
 @dataclass(frozen=True)
@@ -121,48 +119,3 @@ def parse_policies(text: str, file: str) -> list[Policy]:
     if errors:
         raise PolicyLoadError(errors)
     return policies
-
-
-def load_files(paths: Iterable[Path]) -> list[Policy]:
-    """Every policy in ``paths``, checking them all before failing; names must be unique across files."""
-    errors: list[PolicyError] = []
-    policies: list[Policy] = []
-    seen: dict[str, str] = {}
-    for path in paths:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            errors.append(PolicyError(str(path), 0, "", f"cannot read: {exc.strerror}"))
-            continue
-        try:
-            loaded = parse_policies(text, str(path))
-        except PolicyLoadError as exc:
-            errors.extend(exc.errors)
-            continue
-        for policy in loaded:
-            if policy.name in seen:
-                line = _name_line(text, policy.name)
-                errors.append(PolicyError(str(path), line, "name",
-                                          f"duplicate policy name {policy.name!r} (also in {seen[policy.name]})"))
-            seen[policy.name] = str(path)
-            policies.append(policy)
-    if errors:
-        raise PolicyLoadError(errors)
-    return policies
-
-
-def _name_line(text: str, name: str) -> int:
-    for i, line in enumerate(text.splitlines(), start=1):
-        if line.strip().lstrip("- ").startswith("name:") and name in line:
-            return i
-    return 1
-
-
-def policy_files(directory: Path) -> list[Path]:
-    """The policy files of a directory, sorted, so evaluation order is stable."""
-    return sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
-
-
-def load_directory(directory: Path = DEFAULTS_DIR) -> list[Policy]:
-    """Every policy in a directory (the shipped defaults when none is given)."""
-    return load_files(policy_files(directory))

@@ -14,8 +14,9 @@ from datetime import datetime
 from pathlib import Path
 
 from controlplane.config import ServerConfig
-from controlplane.policy.loader import DEFAULTS_DIR, PolicyError, PolicyLoadError, load_files, policy_files
+from controlplane.policy.loader import PolicyError, PolicyLoadError
 from controlplane.policy.policy import Policy
+from controlplane.policy_files import DEFAULTS_DIR, load_files, policy_files
 
 log = logging.getLogger(__name__)
 Signature = tuple[tuple[str, float, int], ...]

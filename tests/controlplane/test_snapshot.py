@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from agent.wire import ReplicaState
 from controlplane.policy import evaluate
-from controlplane.policy.loader import DEFAULTS_DIR, load_directory
+from controlplane.policy_files import DEFAULTS_DIR, load_directory
 from controlplane.remediation.snapshot import build_snapshot
 from controlplane.store.db import session_scope
 from tests.controlplane.fixtures import T0, FakeClock, body, gpu, replica, report

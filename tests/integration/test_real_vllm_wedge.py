@@ -30,7 +30,7 @@ import psutil
 import pytest
 import yaml
 
-from controlplane.policy.loader import DEFAULTS_DIR
+from controlplane.policy_files import DEFAULTS_DIR
 from tests.agent.conftest import group_alive
 from tests.helpers import free_port, http_ok, wait_until
 from tests.integration.conftest import Processes

@@ -5,9 +5,9 @@ from datetime import timedelta
 
 import pytest
 
-from controlplane.policy.cli import main
 from controlplane.policy.guardrails import ActionRecord, GuardState
-from controlplane.policy.loader import DEFAULTS_DIR
+from controlplane.policy_cli import main
+from controlplane.policy_files import DEFAULTS_DIR
 from tests.policy.test_evaluate import problem_fleet
 from tests.policy.test_loader import BROKEN
 

@@ -2,8 +2,9 @@
 
 from agent.wire import ReplicaState
 from controlplane.policy.evaluate import evaluate
-from controlplane.policy.loader import load_directory, parse_policies
+from controlplane.policy.loader import parse_policies
 from controlplane.policy.snapshot import Node
+from controlplane.policy_files import load_directory
 from tests.policy.series import GiB, at, fleet, gpu, gpu_readings, healthy, replica
 
 MB = 1_000_000

@@ -5,8 +5,8 @@ from controlplane.policy.actions import LowerMaxNumSeqsAction
 from controlplane.policy.engine_args import flags_key
 from controlplane.policy.evaluate import evaluate_policy
 from controlplane.policy.governor import lower_value, proportional_value, raise_value
-from controlplane.policy.loader import load_directory
 from controlplane.policy.snapshot import FlagTrial
+from controlplane.policy_files import load_directory
 from tests.policy.series import at, fleet, healthy, replica
 
 SHIPPED = next(p for p in load_directory() if p.name == "itl-slo")

@@ -5,7 +5,8 @@ import pytest
 from controlplane.policy.actions import AlertAction, LowerMaxNumSeqsAction
 from controlplane.policy.conditions import ThresholdCondition
 from controlplane.policy.durations import parse_duration
-from controlplane.policy.loader import DEFAULTS_DIR, PolicyLoadError, load_directory, load_files
+from controlplane.policy.loader import PolicyLoadError
+from controlplane.policy_files import DEFAULTS_DIR, load_directory, load_files
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from agent.wire import ReplicaState
 from controlplane.policy.evaluate import evaluate
 from controlplane.policy.guardrails import GuardState, Verdict, decide, record
-from controlplane.policy.loader import load_directory
 from controlplane.policy.snapshot import FleetSnapshot, Node, Replica, ReplicaSample
+from controlplane.policy_files import load_directory
 from tests.policy.series import at
 
 ITL = [p for p in load_directory() if p.name == "itl-slo"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.policy import cli as policy_cli
+from controlplane import policy_cli
 from tests.remediation.fleet import SimAgent, SimReplica, fleet
 
 GOOD = "name: hot-page\ncondition: {detector: thermal, for: 30s}\naction: {kind: alert, severity: page}\n"

@@ -1,4 +1,7 @@
-"""``pitstop policy``: check policy files; explain what the policies would do for a fleet snapshot."""
+"""``pitstop policy``: check policy files; explain what the policies would do for a fleet snapshot.
+
+Arguments, files and HTTP live here, outside ``controlplane.policy``, which only decides.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ from pydantic import ValidationError
 
 from controlplane.policy.explain import explain, render_text
 from controlplane.policy.guardrails import GuardConfig, GuardState
-from controlplane.policy.loader import DEFAULTS_DIR, PolicyLoadError, load_files, policy_files
+from controlplane.policy.loader import PolicyLoadError
 from controlplane.policy.snapshot import FleetSnapshot
+from controlplane.policy_files import DEFAULTS_DIR, load_files, policy_files
 
 M = TypeVar("M", FleetSnapshot, GuardState, GuardConfig)
 
@@ -77,7 +81,7 @@ def _read_model(path: Path, model: type[M]) -> M:
 
 
 def _explain_live(args: argparse.Namespace, client: Any) -> int:
-    from controlplane.remediation.live import LiveError, fetch_explain  # IO lives outside the pure package
+    from controlplane.remediation.live import LiveError, fetch_explain  # HTTP only for the live fleet
 
     try:
         report = fetch_explain(args.api_url, args.token, client=client)
