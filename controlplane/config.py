@@ -47,6 +47,9 @@ class ServerConfig(BaseModel):
     executor_interval_seconds: float = Field(default=2.0, gt=0)
     # A running action whose replica is not READY at the desired generation by then has failed.
     action_deadline_seconds: float = Field(default=600.0, gt=0)
+    # A proposal nobody approved or rejected for this long expires: its evidence is stale by then, and an
+    # approval would act on a fleet that has moved on.
+    proposal_ttl_seconds: float = Field(default=86400.0, gt=0)
     # Policy files for the evaluation job: the built-in defaults (unless ``policy_defaults`` is false), then
     # every file of ``policy_dir`` and ``policy_dirs``; a policy named like an earlier one replaces it.
     policy_dir: str | None = None

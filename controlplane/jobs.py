@@ -25,10 +25,11 @@ from controlplane.config import ServerConfig
 from controlplane.heap import HeapFreezer
 from controlplane.leader import Leadership
 from controlplane.policy.guardrails import GuardConfig
+from controlplane.policy.rollout import RolloutSettings
 from controlplane.policy_process import PolicyProcess
 from controlplane.remediation.executor import apply_approved, reconcile
 from controlplane.remediation.loop import RoundResult
-from controlplane.remediation.rollout import RolloutSettings
+from controlplane.remediation.records import expire_proposals
 from controlplane.retention import RetentionLoop
 from controlplane.rounds import PolicyHook, PolicyRounds
 from controlplane.store.db import session_scope
@@ -86,6 +87,10 @@ class Jobs:
             return
         applied = apply_approved(sessions=self._sessions, now=self._clock)
         with session_scope(self._sessions) as session:
+            expired = expire_proposals(session=session, now=self._clock(),
+                                       ttl=timedelta(seconds=self._config.proposal_ttl_seconds))
+            if expired:
+                log.info("executor: expired proposals %s", expired)
             finished = reconcile(session=session, now=self._clock(), deadline=self.rollout.deadline,
                                  settings=self.rollout)
         if applied or finished:

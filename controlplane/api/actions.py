@@ -22,6 +22,7 @@ from controlplane.api.context import (
     require_operator,
     require_reader,
 )
+from controlplane.policy.lifecycle import ActionState
 from controlplane.remediation import records
 from controlplane.remediation.executor import apply_action
 from controlplane.remediation.operator import (
@@ -31,7 +32,7 @@ from controlplane.remediation.operator import (
     propose_node_action,
     propose_replica_action,
 )
-from controlplane.remediation.records import ActionOut
+from controlplane.remediation.records import ActionOut, AnyActionOut
 from controlplane.security.roles import Principal, Role
 from controlplane.store.db import session_scope
 from controlplane.store.models import ActionRow
@@ -44,7 +45,7 @@ router = APIRouter(prefix="/v1", tags=["actions"])
 Ctx = Annotated[AppContext, Depends(get_context)]
 Db = Annotated[Session, Depends(get_session)]
 Operator = Annotated[Principal, Depends(require_operator)]
-StateFilter = Annotated[str | None, Query(pattern="^(" + "|".join(records.STATES) + ")$")]
+StateFilter = Annotated[ActionState | None, Query()]
 
 
 def _check_force(who: Principal, force: bool) -> None:
@@ -52,18 +53,18 @@ def _check_force(who: Principal, force: bool) -> None:
         raise HTTPException(403, "force bypasses the guardrails and needs an admin token")
 
 
-def _apply_now(ctx: AppContext, action_id: int) -> ActionOut | None:
+def _apply_now(ctx: AppContext, action_id: int) -> AnyActionOut | None:
     with session_scope(ctx.sessions) as session:
         apply_action(session=session, action_id=action_id, now=ctx.clock())
         return records.get_action(session=session, action_id=action_id)
 
 
-async def _finish(ctx: AppContext, row: ActionRow, request: Request, who: Principal, force: bool) -> ActionOut:
+async def _finish(ctx: AppContext, row: ActionRow, request: Request, who: Principal, force: bool) -> AnyActionOut:
     with session_scope(ctx.sessions) as session:
         audit.record(session=session, who=who, what=f"action.{row.kind}", target=row.target, now=ctx.clock(),
                      client=client_address(request),
                      detail={"action_id": row.id, "state": row.state, "force": force})
-    out = await run_in_threadpool(_apply_now, ctx, row.id) if row.state == "approved" else None
+    out = await run_in_threadpool(_apply_now, ctx, row.id) if row.state == ActionState.APPROVED else None
     return out or records.action_out(row)
 
 
@@ -72,7 +73,7 @@ async def _finish(ctx: AppContext, row: ActionRow, request: Request, who: Princi
              responses={403: {"description": "role too low, or force without admin"},
                         404: {"description": "no such replica"}})
 async def act_on_replica(node: str, name: str, body: ReplicaActionRequest, request: Request, ctx: Ctx,
-                         who: Operator) -> ActionOut:
+                         who: Operator) -> AnyActionOut:
     _check_force(who, body.force)
 
     def propose() -> ActionRow:
@@ -90,7 +91,7 @@ async def act_on_replica(node: str, name: str, body: ReplicaActionRequest, reque
              summary="Cordon or uncordon a node, or one of its GPUs with `gpu` (through the guardrails)",
              responses={403: {"description": "role too low, or force without admin"},
                         404: {"description": "no such node"}})
-async def act_on_node(node: str, body: NodeActionRequest, request: Request, ctx: Ctx, who: Operator) -> ActionOut:
+async def act_on_node(node: str, body: NodeActionRequest, request: Request, ctx: Ctx, who: Operator) -> AnyActionOut:
     _check_force(who, body.force)
 
     def propose() -> ActionRow:
@@ -106,20 +107,20 @@ async def act_on_node(node: str, body: NodeActionRequest, request: Request, ctx:
 @router.get("/actions", response_model=list[ActionOut], dependencies=[Depends(require_reader)],
             summary="Actions, newest first, filtered by state, target key or policy")
 def list_actions(session: Db, state: StateFilter = None, target: str | None = None, policy: str | None = None,
-                 limit: Annotated[int, Query(ge=1, le=10_000)] = 200) -> list[ActionOut]:
+                 limit: Annotated[int, Query(ge=1, le=10_000)] = 200) -> list[AnyActionOut]:
     return records.list_actions(session=session, state=state, target=target, policy=policy, limit=limit)
 
 
 @router.get("/actions/{action_id}", response_model=ActionOut, dependencies=[Depends(require_reader)],
             summary="One action with its evidence and guardrail decisions")
-def get_action(action_id: RowId, session: Db) -> ActionOut:
+def get_action(action_id: RowId, session: Db) -> AnyActionOut:
     found = records.get_action(session=session, action_id=action_id)
     if found is None:
         raise HTTPException(404, f"no action {action_id}")
     return found
 
 
-def _decide(ctx: AppContext, action_id: int, request: Request, who: Principal, approve: bool) -> ActionOut:
+def _decide(ctx: AppContext, action_id: int, request: Request, who: Principal, approve: bool) -> AnyActionOut:
     with session_scope(ctx.sessions) as session:
         now = ctx.clock()
         if records.get_action(session=session, action_id=action_id) is None:
@@ -139,11 +140,11 @@ def _decide(ctx: AppContext, action_id: int, request: Request, who: Principal, a
 
 @router.post("/actions/{action_id}/approve", response_model=ActionOut, summary="Approve a proposed action",
              responses={404: {"description": "no such action"}, 409: {"description": "not proposed"}})
-def approve(action_id: RowId, request: Request, ctx: Ctx, who: Operator) -> ActionOut:
+def approve(action_id: RowId, request: Request, ctx: Ctx, who: Operator) -> AnyActionOut:
     return _decide(ctx, action_id, request, who, approve=True)
 
 
 @router.post("/actions/{action_id}/reject", response_model=ActionOut, summary="Reject a proposed action",
              responses={404: {"description": "no such action"}, 409: {"description": "not proposed"}})
-def reject(action_id: RowId, request: Request, ctx: Ctx, who: Operator) -> ActionOut:
+def reject(action_id: RowId, request: Request, ctx: Ctx, who: Operator) -> AnyActionOut:
     return _decide(ctx, action_id, request, who, approve=False)

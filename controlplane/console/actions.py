@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from controlplane.console.client import ApiUnavailable, _get
 from controlplane.console.shaping import Json
+from controlplane.policy.payloads import Captured, RolloutPlan
 
 EVIDENCE_POINTS = 5
 
@@ -80,35 +82,51 @@ def evidence_lines(action: Json, points: int = EVIDENCE_POINTS) -> list[str]:
         for point in (finding.get("evidence") or [])[-points:]:
             values = ", ".join(f"{k}={v}" for k, v in (point.get("values") or {}).items())
             lines.append(f"  {point.get('at')}: {values}")
-    rollout = (action.get("params") or {}).get("rollout") or {}
-    if rollout.get("canary_verdict"):
-        lines.append(f"canary: {rollout['canary_verdict']['verdict']}: {rollout['canary_verdict']['reason']}")
-        figures = rollout["canary_verdict"].get("figures") or {}
+    rollout = _progress(action).rollout
+    if rollout is not None and rollout.canary_verdict is not None:
+        verdict = rollout.canary_verdict
+        lines.append(f"canary: {verdict.verdict}: {verdict.reason}")
+        figures = verdict.figures
         compared = [f"{key.removeprefix('canary_')} {mine:.4g} vs {theirs:.4g}" for key, mine in figures.items()
                     if key.startswith("canary_") and mine is not None
                     and (theirs := figures.get("peers_" + key.removeprefix("canary_"))) is not None]
         if compared:
             lines.append("  canary vs baseline: " + "; ".join(compared))
-    baseline = rollout.get("baseline")
-    if baseline:
+    if rollout is not None and rollout.baseline:
+        baseline = rollout.baseline
         lines.append("  judged against: " + (", ".join(baseline) if isinstance(baseline, list) else str(baseline)))
-    if rollout.get("waiting"):
-        lines.append(f"rollout {rollout['waiting']}")
+    if rollout is not None and rollout.waiting:
+        lines.append(f"rollout {rollout.waiting}")
     return lines
 
 
 def captured_lines(action: Json) -> list[str]:
     """What a restart kept of the engine it replaced: per replica, the stack dump's note and the dump itself."""
     lines: list[str] = []
-    for key, entry in ((action.get("params") or {}).get("captured") or {}).items():
-        lines.append(f"{key}: {entry.get('stack_dump_note') or 'no stack dump recorded'}")
-        if entry.get("stack_dump"):
-            lines += ["", str(entry["stack_dump"]), ""]
-        tail = entry.get("log_tail") or []
-        if tail:
-            lines.append(f"  last {len(tail)} log lines before the restart:")
-            lines += [f"  {line}" for line in tail]
+    for key, entry in (_progress(action).captured or {}).items():
+        lines.append(f"{key}: {entry.stack_dump_note or 'no stack dump recorded'}")
+        if entry.stack_dump:
+            lines += ["", entry.stack_dump, ""]
+        if entry.log_tail:
+            lines.append(f"  last {len(entry.log_tail)} log lines before the restart:")
+            lines += [f"  {line}" for line in entry.log_tail]
     return lines
+
+
+class _Progress(BaseModel):
+    """The parts of an action's payload the console shows, read with the payload's own models."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rollout: RolloutPlan | None = None
+    captured: dict[str, Captured] | None = None
+
+
+def _progress(action: Json) -> _Progress:
+    try:
+        return _Progress.model_validate(action.get("params") or {})
+    except ValidationError:
+        return _Progress()  # shown without it: an action the console cannot read still lists
 
 
 def breaker_line(breaker: Json) -> tuple[bool, str]:

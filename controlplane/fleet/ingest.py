@@ -23,7 +23,7 @@ from sqlalchemy.sql.elements import BindParameter
 
 from agent.wire import DesiredState, GpuSample, NodeReport, ReplicaSpec, ReplicaStatus
 from controlplane.fleet.sequencing import Verdict, classify
-from controlplane.policy.engine_args import flags_key, get_int_flag
+from controlplane.policy.engine_args import MAX_NUM_SEQS, flags_key, get_int_flag
 from controlplane.store.models import DesiredReplica, Gpu, Node, Replica, ReplicaEventRow, Sample, UtcDateTime
 
 # The numeric fields kept as time series; everything else is only kept as the latest reading.
@@ -64,7 +64,7 @@ def replica_series_values(status: ReplicaStatus) -> dict[str, float]:
         values["canary_ok"] = 1.0 if status.canary_ok else 0.0
     if status.requests_in_flight_at_wedge is not None:
         values["requests_lost"] = float(status.requests_in_flight_at_wedge)  # the stall restart's evidence
-    max_num_seqs = get_int_flag(status.engine_args, "--max-num-seqs")
+    max_num_seqs = get_int_flag(status.engine_args, MAX_NUM_SEQS)
     if max_num_seqs is not None:
         values["max_num_seqs"] = float(max_num_seqs)
     values["generation"] = float(status.generation)

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, field_validato
 
 from controlplane.policy.conditions import ThresholdCondition
 from controlplane.policy.durations import Duration
+from controlplane.policy.engine_args import MAX_NUM_SEQS
 
 Severity = Literal["info", "warning", "page"]
 
@@ -17,10 +18,14 @@ class _Action(BaseModel):
 
 
 class RestartAction(_Action):
-    """Drain (readiness off, in-flight work finishes) then restart the engine with the same arguments."""
+    """Drain (readiness off, in-flight work finishes) then restart the engine with the same arguments.
+
+    The agent drains every restart, except of a WEDGED engine, which would finish nothing and is stopped at
+    once. ``drain: false`` is refused at load rather than accepted and ignored.
+    """
 
     kind: Literal["restart"]
-    drain: bool = True
+    drain: Literal[True] = True
 
 
 class RollingRestartAction(_Action):
@@ -80,7 +85,7 @@ class FlagRung(BaseModel):
 
     @model_validator(mode="after")
     def _sane(self) -> FlagRung:
-        if self.flag == "--max-num-seqs":
+        if self.flag == MAX_NUM_SEQS:
             raise ValueError("--max-num-seqs is the governor's own lever (ladder/min), not a rung of then")
         if self.text is not None and (not self.text or self.text.startswith("-")):
             raise ValueError(f"value {self.text!r} for {self.flag} is empty or looks like another flag")

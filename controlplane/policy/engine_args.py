@@ -5,6 +5,9 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
+# The governor's own lever; vLLM reads it (like every scheduler flag) only at start.
+MAX_NUM_SEQS = "--max-num-seqs"
+
 
 def get_flag(args: Sequence[str], flag: str) -> str | None:
     """The value of the last occurrence of ``flag`` (argparse keeps the last one), or None when absent."""
@@ -56,7 +59,7 @@ def flags_key(args: Sequence[str]) -> int:
     Samples carry it so the governor compares a max-num-seqs value only with readings taken under the same
     other flags (a value that broke the SLO before a flag rung says little about it after).
     """
-    return zlib.crc32("\0".join(without_flag(args, "--max-num-seqs")).encode())
+    return zlib.crc32("\0".join(without_flag(args, MAX_NUM_SEQS)).encode())
 
 
 def has_flag(args: Sequence[str], flag: str, value: str | None) -> bool:

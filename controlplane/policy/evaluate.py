@@ -36,9 +36,17 @@ from controlplane.policy.detectors.stall import detect_stall
 from controlplane.policy.detectors.thermal import detect_thermal
 from controlplane.policy.detectors.xid import detect_xid
 from controlplane.policy.governor import govern_model
+from controlplane.policy.payloads import (
+    AlertPayload,
+    CordonPayload,
+    Payload,
+    PlannedRestartPayload,
+    RestartPayload,
+    RollingRestartPayload,
+)
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target, replica_target
-from controlplane.policy.snapshot import FleetSnapshot, Gpu, Replica
+from controlplane.policy.snapshot import FleetSnapshot, Gpu, Replica, split_key
 
 GPU_CONDITIONS = (ThermalCondition, XidCondition)
 
@@ -81,14 +89,14 @@ def detect(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> list[Findi
 
 def _subject_replicas(policy: Policy, finding: Finding, snapshot: FleetSnapshot) -> list[Replica]:
     """The in-scope replicas a finding is about: the replica itself, or those on the GPU."""
-    node, _, rest = finding.subject.partition("/")
+    node, rest = split_key(finding.subject)
     if isinstance(policy.condition, GPU_CONDITIONS):
         return [r for r in snapshot.replicas_on(node, int(rest)) if policy.scope.matches(r)]
     return [r for r in snapshot.replicas if r.key == finding.subject]
 
 
 def _subject_target(policy: Policy, finding: Finding) -> Target:
-    node, _, rest = finding.subject.partition("/")
+    node, rest = split_key(finding.subject)
     if isinstance(policy.condition, GPU_CONDITIONS):
         return Target(kind="gpu", node=node, gpu=int(rest))
     return Target(kind="replica", node=node, replica=rest)
@@ -99,51 +107,50 @@ def actions_for(policy: Policy, findings: Sequence[Finding], snapshot: FleetSnap
     action = policy.action
     out: list[ProposedAction] = []
 
-    def propose(kind: str, target: Target, finding: Finding, replicas: Sequence[Replica] = (),
-                params: dict[str, object] | None = None, extra: str = "") -> None:
+    def propose(payload: Payload, target: Target, finding: Finding, replicas: Sequence[Replica] = (),
+                extra: str = "") -> None:
         models = {r.model for r in replicas}
-        out.append(ProposedAction.model_validate({
-            "policy": policy.name, "kind": kind, "target": target, "params": params or {},
-            "replicas": [r.key for r in replicas], "model": models.pop() if len(models) == 1 else None,
-            "reason": finding.summary + extra, "findings": [finding], "runbook_url": policy.runbook_url}))
+        out.append(ProposedAction(
+            policy=policy.name, target=target, payload=payload, replicas=[r.key for r in replicas],
+            model=models.pop() if len(models) == 1 else None, reason=finding.summary + extra, findings=[finding],
+            runbook_url=policy.runbook_url))
 
     rolled: set[str] = set()
     for finding in findings:
         replicas = _subject_replicas(policy, finding, snapshot)
         if isinstance(action, RestartAction | PlannedRestartAction):
-            params: dict[str, object] = (
-                {"drain": action.drain} if isinstance(action, RestartAction) else {"within_seconds": action.within})
+            restart: Payload = (RestartPayload() if isinstance(action, RestartAction)
+                                else PlannedRestartPayload(within_seconds=action.within))
             for r in replicas:
                 target = replica_target(r)
                 if not r.managed:
-                    propose("alert", target, finding, params={"severity": "warning"},
+                    propose(AlertPayload(severity="warning"), target, finding,
                             extra=f": {r.key} is attached, not managed by Pitstop; restart it by hand")
                     continue
-                propose(action.kind, target, finding, [r], {**params, "engine_args": list(r.engine_args)},
-                        f": {action.kind.replace('_', ' ')}")
+                propose(restart, target, finding, [r], f": {action.kind.replace('_', ' ')}")
         elif isinstance(action, RollingRestartAction):
             for model in sorted({r.model for r in replicas} - rolled):
                 rolled.add(model)
                 members = [r for r in snapshot.replicas_of_model(model) if policy.scope.matches(r) and r.managed]
-                propose("rolling_restart", Target(kind="model", model=model), finding, members,
-                        {"batch_size": action.batch_size}, f": rolling restart of {model}")
+                propose(RollingRestartPayload(batch_size=action.batch_size), Target(kind="model", model=model),
+                        finding, members, f": rolling restart of {model}")
         elif isinstance(action, CordonAction):
             target = _subject_target(policy, finding)
             node = snapshot.node(target.node or "")
             if node is not None and (node.cordoned or (target.kind == "gpu" and target.gpu in node.cordoned_gpus)):
                 pass  # already fenced: nothing to do but the notify below
             elif action.scope == "gpu" and target.kind == "gpu":
-                propose("cordon", target, finding, params={"scope": "gpu", "gpu": target.gpu},
+                propose(CordonPayload(kind="cordon", scope="gpu", gpu=target.gpu), target, finding,
                         extra=f": cordon GPU {target.gpu}")
             else:
-                propose("cordon", Target(kind="node", node=target.node), finding, params={"scope": "node"},
+                propose(CordonPayload(kind="cordon", scope="node"), Target(kind="node", node=target.node), finding,
                         extra=f": cordon node {target.node}")
         elif isinstance(action, AlertAction):
-            propose("alert", _subject_target(policy, finding), finding, params={"severity": action.severity})
+            propose(AlertPayload(severity=action.severity), _subject_target(policy, finding), finding)
         subject = _subject_target(policy, finding)
         already = any(a.kind == "alert" and a.target.key == subject.key and a.findings == [finding] for a in out)
         if policy.notify is not None and not already:
-            propose("alert", subject, finding, params={"severity": policy.notify.severity})
+            propose(AlertPayload(severity=policy.notify.severity), subject, finding)
     return out
 
 

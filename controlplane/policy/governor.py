@@ -1,6 +1,6 @@
 """The max-num-seqs governor: lower under SLO pressure, canary first; raise again with hysteresis.
 
-vLLM fixes --max-num-seqs at start (DESIGN: every scheduler flag), so each step is a restart with new
+vLLM fixes --max-num-seqs at start (docs/design.md: every scheduler flag), so each step is a restart with new
 arguments. Lowering goes to one replica first; once that canary has met the SLO for the condition's
 duration, its value is promoted to the model's other breaching replicas. Raising waits until the SLO has
 been met with margin for longer (``raise.for``) and never returns to a value that broke the SLO within
@@ -44,14 +44,13 @@ from controlplane.policy.conditions import Op, ThresholdCondition
 from controlplane.policy.detectors.findings import Finding, covering, evidence_of, since
 from controlplane.policy.detectors.slo import OPS, detect_threshold, signal_holds
 from controlplane.policy.durations import format_duration
-from controlplane.policy.engine_args import set_flag
 from controlplane.policy.memory import breach_ceiling
+from controlplane.policy.payloads import AlertPayload, Judge, MaxNumSeqsPayload
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target, replica_target
 from controlplane.policy.rungs import at_generation, past_max_num_seqs
 from controlplane.policy.snapshot import FlagTrial, Replica, ReplicaSample
 
-FLAG = "--max-num-seqs"
 _INVERSE: dict[Op, Op] = {">": "<=", ">=": "<", "<": ">=", "<=": ">"}
 # A replica in these states is on its way to a new value (or out for one): a change in flight.
 SETTLING = frozenset({ReplicaState.STARTING, ReplicaState.WARMING, ReplicaState.DRAINING, ReplicaState.STOPPING})
@@ -144,24 +143,21 @@ def at_value(replica: Replica, value: int) -> list[ReplicaSample]:
     return [s for s in replica.history if s.max_num_seqs in (None, value) and s.flags_key in (None, key)]
 
 
-def _change(policy: Policy, kind: str, replicas: Sequence[Replica], value: int, previous: int, reason: str,
-            findings: list[Finding], target: Target) -> ProposedAction:
-    params: dict[str, object] = {"max_num_seqs": value, "previous": previous,
-                                 "engine_args": {r.key: set_flag(r.engine_args, FLAG, str(value)) for r in replicas}}
-    if isinstance(policy.condition, ThresholdCondition):
+def _change(policy: Policy, action: LowerMaxNumSeqsAction, kind: str, replicas: Sequence[Replica], value: int,
+            previous: int, reason: str, findings: list[Finding], target: Target) -> ProposedAction:
+    change = MaxNumSeqsPayload(
+        kind="lower_max_num_seqs" if kind == "lower" else "raise_max_num_seqs", max_num_seqs=value,
+        previous=previous,
+        # One replica is a canary (when the policy says so): judged beside its peers, then rolled to them.
+        canary=action.canary and target.kind == "replica",
         # What the canary is judged on: the governed signal (TTFT is expected to rise when the batch shrinks
         # under load; ttft-slo alerts on it), and how much throughput a lowering may cost.
-        params["judge"] = {"latencies": [policy.condition.signal],
-                           "max_throughput_drop": getattr(policy.action, "max_throughput_drop", None)}
+        judge=(Judge(latencies=[policy.condition.signal], max_throughput_drop=action.max_throughput_drop)
+               if isinstance(policy.condition, ThresholdCondition) else None))
+    args = {r.key: change.derive(r.engine_args) for r in replicas}
     return ProposedAction(
-        policy=policy.name,
-        kind="lower_max_num_seqs" if kind == "lower" else "raise_max_num_seqs",
-        target=target,
-        params=params,
-        replicas=[r.key for r in replicas],
-        model=replicas[0].model,
-        reason=reason,
-        findings=findings,
+        policy=policy.name, target=target, payload=change.model_copy(update={"engine_args": args}),
+        replicas=[r.key for r in replicas], model=replicas[0].model, reason=reason, findings=findings,
         runbook_url=policy.runbook_url,
     )
 
@@ -217,7 +213,7 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
         if promote:
             canary = max(proven, key=lambda r: cur[r.key])
             out.append(_change(
-                policy, "lower", promote, value, max(cur[b.key] for b in promote),
+                policy, action, "lower", promote, value, max(cur[b.key] for b in promote),
                 f"promote canary value {value} (met the SLO on {canary.key} for {format_duration(cond.for_)}) to "
                 f"{len(promote)} breaching replica(s) of {promote[0].model}, one at a time",
                 [f for b in promote if (f := findings[b.key]) is not None],
@@ -253,8 +249,8 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
                    f"max-num-seqs is already at its floor {action.min}")
             if pressure:  # the flag rungs are for latency: pressure past the floor needs capacity
                 out.append(ProposedAction(
-                    policy=policy.name, kind="alert", target=replica_target(replica),
-                    params={"severity": "warning", "governed": True}, model=replica.model, findings=[finding],
+                    policy=policy.name, target=replica_target(replica),
+                    payload=AlertPayload(severity="warning", governed=True), model=replica.model, findings=[finding],
                     reason=f"{finding.summary}; {why}: the KV cache needs room (--gpu-memory-utilization, a shorter "
                     "--max-model-len, more GPUs) or the model more replicas", runbook_url=policy.runbook_url))
                 continue
@@ -263,7 +259,7 @@ def _lower(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
             continue
         how = "canary on one replica first, then promote to the others" if action.canary else "each replica"
         out.append(_change(
-            policy, "lower", [replica], new, cur[replica.key],
+            policy, action, "lower", [replica], new, cur[replica.key],
             f"{finding.summary}: lower max-num-seqs {cur[replica.key]} -> {new} ({how})",
             [finding], replica_target(replica)))
     return out
@@ -341,7 +337,7 @@ def _raise(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsActi
         summary=f"{cond.signal} {_INVERSE[cond.op]} {comfortable:.4g} for {format_duration(spec.for_)} "
         f"at max-num-seqs {cur[replica.key]}",
         measured={"ceiling": ceiling}, evidence=evidence_of(run, [cond.signal, "max_num_seqs"]))
-    return [_change(policy, "raise", [replica], up, cur[replica.key],
+    return [_change(policy, action, "raise", [replica], up, cur[replica.key],
                     f"{finding.summary}: raise max-num-seqs {cur[replica.key]} -> {up} (one replica at a time"
                     + (f"; never back to {ceiling}, which broke the SLO recently)" if ceiling else ")"),
                     [finding], replica_target(replica))]

@@ -19,6 +19,8 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from agent.wire import ReplicaState
 from controlplane.policy.durations import Duration
+from controlplane.policy.kinds import Guardrail
+from controlplane.policy.payloads import RollingRestartPayload
 from controlplane.policy.policy import Guardrails, Policy
 from controlplane.policy.proposals import ProposedAction
 from controlplane.policy.snapshot import FleetSnapshot
@@ -56,6 +58,10 @@ class GuardState(_Frozen):
 class BudgetRule(_Frozen):
     min_ready: int = Field(default=1, ge=0)
     min_ready_ratio: float = Field(default=0.5, ge=0, le=1)
+
+    def floor(self, replicas: int) -> int:
+        """How many of a model's ``replicas`` must stay READY: the one budget floor, for guardrails and rollouts."""
+        return max(self.min_ready, math.ceil(self.min_ready_ratio * replicas))
 
 
 class GuardConfig(_Frozen):
@@ -152,8 +158,10 @@ def global_rate_check(config: GuardConfig, state: GuardState, allowed: Sequence[
 
 def _stopped_at_once(action: ProposedAction) -> list[str]:
     """Replicas the action takes down at the same time (model-wide actions go one batch at a time)."""
+    if isinstance(action.payload, RollingRestartPayload):
+        return action.replicas[: action.payload.batch_size]
     if action.target.kind == "model":
-        return action.replicas[: int(action.params.get("batch_size", 1))]
+        return action.replicas[:1]
     return list(action.replicas)
 
 
@@ -167,8 +175,7 @@ def budget_check(action: ProposedAction, config: GuardConfig, state: GuardState,
     if not action.stops_replicas or action.model is None:
         return None
     members = snapshot.replicas_of_model(action.model)
-    rule = config.budget_for(action.model)
-    floor = max(rule.min_ready, math.ceil(rule.min_ready_ratio * len(members)))
+    floor = config.budget_for(action.model).floor(len(members))
     busy = {k for r in state.records if r.status == "running" for k in r.replicas}
     busy |= {k for a in allowed if a.stops_replicas for k in _stopped_at_once(a)}
     wedged = {f.subject for f in action.findings if f.detector == "stall"}
@@ -192,12 +199,23 @@ def decide(actions: Sequence[ProposedAction], state: GuardState, snapshot: Fleet
     for action in actions:
         policy = policies.get(action.policy)
         guard = policy.guardrails if policy else Guardrails()
-        checks: list[tuple[str, str | None]] = [("cooldown", cooldown_check(action, guard, state, seen, now))]
-        if action.disruptive:
-            checks = [("circuit_breaker", breaker), *checks,
-                      ("policy_rate_limit", policy_rate_check(action, guard, state, allowed, now)),
-                      ("rate_limit", global_rate_check(config, state, allowed, now)),
-                      ("disruption_budget", budget_check(action, config, state, snapshot, allowed))]
+        # The kind's row of the table says which guardrails judge it, in this order.
+        applies = action.spec.guardrails
+        checks: list[tuple[str, str | None]] = []
+        for g in Guardrail:
+            if g not in applies:
+                continue
+            if g is Guardrail.CIRCUIT_BREAKER:
+                why = breaker
+            elif g is Guardrail.COOLDOWN:
+                why = cooldown_check(action, guard, state, seen, now)
+            elif g is Guardrail.POLICY_RATE_LIMIT:
+                why = policy_rate_check(action, guard, state, allowed, now)
+            elif g is Guardrail.RATE_LIMIT:
+                why = global_rate_check(config, state, allowed, now)
+            else:
+                why = budget_check(action, config, state, snapshot, allowed)
+            checks.append((g.value, why))
         seen.append(action)
         blocked = next(((name, why) for name, why in checks if why is not None), None)
         if blocked is not None:

@@ -1,7 +1,7 @@
 """The ladder past max-num-seqs: engine flags the governor adds, one canary at a time, when lowering cannot help.
 
 The practitioners' order under latency pressure is a smaller ``--max-num-seqs`` first, then
-``--disable-custom-all-reduce`` (multi-GPU engines), then ``--block-size`` (DESIGN). A policy lists those rungs
+``--disable-custom-all-reduce`` (multi-GPU engines), then ``--block-size`` (docs/design.md). A policy lists those rungs
 in its action's ``then``; when a breaching replica is at the governor's floor, or lowering it would cost more
 throughput than allowed, ``past_max_num_seqs`` proposes the first rung the replica can take as an
 ``add_engine_flag`` canary, or, with none left, a warning that says why each rung was skipped. Pure.
@@ -21,7 +21,8 @@ from controlplane.policy.conditions import ThresholdCondition
 from controlplane.policy.detectors.findings import Finding
 from controlplane.policy.detectors.slo import detect_threshold
 from controlplane.policy.durations import format_duration
-from controlplane.policy.engine_args import has_flag, spans_gpus, with_flag
+from controlplane.policy.engine_args import has_flag, spans_gpus
+from controlplane.policy.payloads import AddEngineFlagPayload, AlertPayload, Judge
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, replica_target
 from controlplane.policy.snapshot import FlagTrial, Replica, ReplicaSample
@@ -71,22 +72,21 @@ def past_max_num_seqs(policy: Policy, cond: ThresholdCondition, action: LowerMax
     if isinstance(found, str):
         # ``governed``: held back while a change of this model is still being judged (it may yet help).
         return [ProposedAction(
-            policy=policy.name, kind="alert", target=replica_target(replica),
-            params={"severity": "warning", "governed": True}, model=replica.model, findings=[finding],
+            policy=policy.name, target=replica_target(replica),
+            payload=AlertPayload(severity="warning", governed=True), model=replica.model, findings=[finding],
             reason=f"{finding.summary}; {why}; {found}: the tuning ladder cannot help, look at the load or add "
             "capacity", runbook_url=policy.runbook_url)]
     position, rung = found
-    params: dict[str, object] = {
-        "flag": rung.flag, "value": rung.text, "rung": position, "multi_gpu": rung.multi_gpu,
-        "max_num_seqs": max_num_seqs,
-        "engine_args": {replica.key: with_flag(replica.engine_args, rung.flag, rung.text)},
+    change = AddEngineFlagPayload(
+        flag=rung.flag, value=rung.text, rung=position, multi_gpu=rung.multi_gpu, max_num_seqs=max_num_seqs,
+        canary=action.canary,
         # Judged against the peers that run what the canary ran before (same max-num-seqs, without the flag),
         # else against its own readings before the change; it must cut the governed p99 by min_gain.
-        "judge": {"latencies": [cond.signal], "max_throughput_drop": action.max_throughput_drop,
-                  "min_latency_gain": rung.min_gain, "baseline": "same_args"},
-    }
+        judge=Judge(latencies=[cond.signal], max_throughput_drop=action.max_throughput_drop,
+                    min_latency_gain=rung.min_gain, baseline="same_args"))
+    change = change.model_copy(update={"engine_args": {replica.key: change.derive(replica.engine_args)}})
     return [ProposedAction(
-        policy=policy.name, kind="add_engine_flag", target=replica_target(replica), params=params,
+        policy=policy.name, target=replica_target(replica), payload=change,
         replicas=[replica.key], model=replica.model, findings=[current],
         reason=f"{current.summary}; {why}: next rung {position} of {len(action.then)}, add {rung.label} (canary on "
         "one replica, judged against its baseline, then rolled to the model's other replicas that take it)",

@@ -16,7 +16,14 @@ from typing import Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from agent.wire import ReplicaState, ReplicaStatus
-from controlplane.policy.engine_args import flags_key, get_int_flag
+from controlplane.policy.engine_args import MAX_NUM_SEQS, flags_key, get_int_flag
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``node/replica`` (or a GPU finding's ``node/index``) -> its two parts: the one reading of such a key."""
+    node, _, rest = key.partition("/")
+    return node, rest
+
 
 # Replica states in which an engine is expected to serve; detectors of serving problems look only at these.
 SERVING_STATES = frozenset({ReplicaState.READY, ReplicaState.ATTACHED})
@@ -119,7 +126,7 @@ class Replica(_Frozen):
     @property
     def max_num_seqs(self) -> int | None:
         """``--max-num-seqs`` from the engine arguments, None when the engine runs vLLM's default."""
-        return get_int_flag(self.engine_args, "--max-num-seqs")
+        return get_int_flag(self.engine_args, MAX_NUM_SEQS)
 
     @property
     def serving(self) -> bool:
@@ -218,7 +225,7 @@ def sample_from_status(at: datetime, status: ReplicaStatus) -> ReplicaSample:
         gpu_memory_bytes=process.gpu_memory_bytes if process else None,
         canary_ok=status.canary_ok,
         canary_ttft_seconds=status.canary_ttft_seconds,
-        max_num_seqs=get_int_flag(status.engine_args, "--max-num-seqs"),
+        max_num_seqs=get_int_flag(status.engine_args, MAX_NUM_SEQS),
         generation=status.generation,
         flags_key=flags_key(status.engine_args),
         requests_lost=status.requests_in_flight_at_wedge,

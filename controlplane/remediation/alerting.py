@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from controlplane.policy.payloads import AlertPayload
 from controlplane.store.models import ActionRow, AlertRow, NotificationDelivery
 
 RECEIVER = "default"
@@ -22,17 +23,17 @@ def fingerprint(labels: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def raise_alert(*, session: Session, action: ActionRow, now: datetime, severity: str | None = None,
+def raise_alert(*, session: Session, action: ActionRow, payload: AlertPayload, now: datetime,
                 summary: str | None = None) -> AlertRow:
     """Record a firing alert for ``action`` and queue its delivery (status ``pending``)."""
-    severity = severity or str(action.params.get("severity", "warning"))
+    severity = payload.severity
     labels = {"alertname": f"pitstop-{action.policy or 'operator'}", "target": action.target,
               "severity": severity}
     if action.model:
         labels["model"] = action.model
     annotations: dict[str, Any] = {
         "summary": summary or action.reason, "action_id": action.id, "evidence": list(action.evidence),
-        "runbook_url": action.params.get("runbook_url"),
+        "runbook_url": payload.runbook_url,
     }
     alert = AlertRow(fingerprint=fingerprint(labels), labels=labels, annotations=annotations, severity=severity,
                      state="firing", starts_at=now, ends_at=None, action_id=action.id, updated_at=now)

@@ -11,25 +11,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.policy.evaluate import evaluate
 from controlplane.policy.guardrails import Decision, GuardConfig, Verdict, decide
+from controlplane.policy.kinds import spec
+from controlplane.policy.lifecycle import OPEN, ActionState
+from controlplane.policy.payloads import AlertPayload, PlannedRestartPayload
 from controlplane.policy.policy import Policy
-from controlplane.policy.proposals import ProposedAction
+from controlplane.policy.proposals import ProposedAction, Target
+from controlplane.policy.snapshot import split_key
 from controlplane.remediation import breaker
 from controlplane.remediation.alerting import raise_alert
 from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.planning import plan_restart, restart_deadline
-from controlplane.remediation.records import guard_state, record_decision
-from controlplane.remediation.rollout import GOVERNED
+from controlplane.remediation.records import create, guard_state, record_decision
 from controlplane.remediation.snapshot import build_snapshot
 from controlplane.store.models import ActionRow, Sample
 
-OPEN = ("proposed", "approved", "running")
 REQUESTED_BY = "policy"
 
 
@@ -50,7 +51,8 @@ class OpenActions:
     def blocks(self, a: ProposedAction) -> bool:
         if (a.policy, a.kind, a.target.key) in self.keys:
             return True
-        if (a.kind in GOVERNED or a.params.get("governed")) and a.model in self.governed:
+        governed = a.spec.governed or (isinstance(a.payload, AlertPayload) and bool(a.payload.governed))
+        if governed and a.model in self.governed:
             # One change in flight per model: a canary rolls its own value to the peers, and the governor's
             # "nothing left to try" waits until the change being judged has had its say.
             return True
@@ -59,11 +61,11 @@ class OpenActions:
 
 def _open_actions(session: Session) -> OpenActions:
     found = OpenActions()
-    for row in session.scalars(select(ActionRow).where(ActionRow.state.in_(OPEN))):
+    for row in session.scalars(select(ActionRow).where(ActionRow.state.in_([s.value for s in OPEN]))):
         found.keys.add((row.policy or "operator", row.kind, row.target))
-        if row.state != "proposed" and row.disruptive:
+        if row.state != ActionState.PROPOSED and row.disruptive:
             found.busy.update(row.replicas)
-        if row.kind in GOVERNED and row.model is not None:
+        if spec(row.kind).governed and row.model is not None:
             found.governed.add(row.model)
     return found
 
@@ -73,46 +75,40 @@ def _is_repeat_refusal(session: Session, decision: Decision) -> bool:
     last = session.scalars(select(ActionRow).where(ActionRow.policy == a.policy, ActionRow.kind == a.kind,
                                                    ActionRow.target == a.target.key)
                            .order_by(ActionRow.id.desc()).limit(1)).first()
-    return (last is not None and last.state == "suppressed"
+    return (last is not None and last.state == ActionState.SUPPRESSED
             and bool(last.guardrails) and last.guardrails[0].get("guardrail") == decision.guardrail)
 
 
 def request_rates(session: Session, key: str, since: datetime) -> list[tuple[datetime, float]]:
-    node, _, name = key.partition("/")
+    node, name = split_key(key)
     rows = session.execute(select(Sample.at, Sample.values).where(
         Sample.node == node, Sample.subject_kind == "replica", Sample.subject == name, Sample.at >= since))
     return [(at, float(v["requests_per_second"])) for at, v in rows if v.get("requests_per_second") is not None]
 
 
-def _extra_params(session: Session, a: ProposedAction, policy: Policy | None, now: datetime) -> dict[str, Any]:
-    """What the executor needs beyond the engine's proposal: canary mode, a planned restart's time slot."""
-    extra: dict[str, Any] = {}
-    if a.runbook_url:
-        extra["runbook_url"] = a.runbook_url
-    if a.kind in GOVERNED and a.target.kind == "replica":
-        extra["canary"] = bool(getattr(policy.action, "canary", True)) if policy is not None else False
-    if a.kind == "planned_restart" and a.replicas:
-        left = min((f.figure("seconds_to_limit", float("inf")) for f in a.findings), default=float("inf"))
-        deadline = restart_deadline(now, float(a.params.get("within_seconds", 3600.0)),
-                                    None if left == float("inf") else left)
-        rates = request_rates(session, a.replicas[0], now - timedelta(days=1, hours=1) - (deadline - now))
-        not_before, why = plan_restart(now, deadline, rates)
-        extra.update(not_before=not_before.isoformat(), deadline=deadline.isoformat(), schedule=why)
-    return extra
+def _scheduled(session: Session, a: ProposedAction, now: datetime) -> ProposedAction:
+    """A planned restart with its time slot: the quietest forecast moment before its deadline."""
+    if not isinstance(a.payload, PlannedRestartPayload) or not a.replicas:
+        return a
+    left = min((f.figure("seconds_to_limit", float("inf")) for f in a.findings), default=float("inf"))
+    deadline = restart_deadline(now, a.payload.within_seconds, None if left == float("inf") else left)
+    rates = request_rates(session, a.replicas[0], now - timedelta(days=1, hours=1) - (deadline - now))
+    not_before, why = plan_restart(now, deadline, rates)
+    return a.model_copy(update={"payload": a.payload.model_copy(
+        update={"not_before": not_before, "deadline": deadline, "schedule": why})})
 
 
 def _trip(session: Session, reason: str, now: datetime) -> None:
     if not breaker.trip(session=session, reason=reason, now=now):
         return
-    row = ActionRow(kind="alert", target_kind="fleet", target="fleet", node=None, replica=None, model=None,
-                    params={"severity": "page"}, state="succeeded", policy="circuit-breaker",
-                    reason=f"circuit breaker tripped: {reason}; automation is stopped until an operator resets it",
-                    evidence=[], guardrails=[], replicas=[], disruptive=False, expected_generation=None,
-                    requested_by=REQUESTED_BY, approved_by=None, created_at=now, updated_at=now, started_at=now,
-                    finished_at=now, outcome="alert recorded; delivery pending")
-    session.add(row)
-    session.flush()
-    raise_alert(session=session, action=row, now=now, severity="page")
+    page = ProposedAction(
+        policy="circuit-breaker", target=Target(kind="node"), payload=AlertPayload(severity="page"),
+        reason=f"circuit breaker tripped: {reason}; automation is stopped until an operator resets it")
+    # Recorded as done at once: the page is the whole action, and it must not wait for the executor.
+    row = create(session=session, proposal=page, state=ActionState.SUCCEEDED, now=now, requested_by=REQUESTED_BY,
+                 policy="circuit-breaker", guardrails=[], target_kind="fleet", target="fleet",
+                 outcome="alert recorded; delivery pending")
+    raise_alert(session=session, action=row, payload=AlertPayload(severity="page"), now=now)
 
 
 def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_config: GuardConfig,
@@ -146,9 +142,7 @@ def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_
         if decision.verdict is Verdict.SUPPRESSED and _is_repeat_refusal(session, decision):
             continue
         a = decision.action
-        extra = _extra_params(session, a, by_name.get(a.policy), now)
-        if extra:
-            decision = decision.model_copy(update={"action": a.model_copy(update={"params": {**a.params, **extra}})})
+        decision = decision.model_copy(update={"action": _scheduled(session, a, now)})
         row = record_decision(session=session, decision=decision, now=now, requested_by=REQUESTED_BY,
                               policy=a.policy)
         result.recorded.append(row.id)

@@ -15,6 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agent.wire import ReplicaState
+from controlplane.policy.kinds import ActionKind
+from controlplane.policy.lifecycle import ActionState
+from controlplane.policy.payloads import AddEngineFlagPayload, CorruptPayload, parse_payload
 from controlplane.policy.snapshot import FlagTrial, FleetSnapshot, Gpu, GpuReading, Node, Replica, ReplicaSample
 from controlplane.remediation.history import SampleHistory, gpu_reading, replica_sample
 from controlplane.store.models import ActionRow, DesiredReplica, Sample
@@ -120,13 +123,19 @@ def flag_trials(session: Session, now: datetime) -> list[FlagTrial]:
     """Flag rungs the governor tried and took back (canary rolled back, or the rollout failed) lately."""
     rows = session.execute(select(ActionRow.model, ActionRow.params, ActionRow.state, ActionRow.outcome,
                                   ActionRow.updated_at)
-                           .where(ActionRow.kind == "add_engine_flag",
-                                  ActionRow.state.in_(("rolled_back", "failed")),
+                           .where(ActionRow.kind == ActionKind.ADD_ENGINE_FLAG.value,
+                                  ActionRow.state.in_((ActionState.ROLLED_BACK.value, ActionState.FAILED.value)),
                                   ActionRow.updated_at >= now - TRIALS_LOOKBACK))
-    return [FlagTrial(model=model, flag=str(params.get("flag")),
-                      value=None if params.get("value") is None else str(params["value"]),
-                      at=_aware(at), outcome=f"{state}: {outcome}"[:300])
-            for model, params, state, outcome, at in rows if model is not None and params.get("flag")]
+    trials = []
+    for model, params, state, outcome, at in rows:
+        try:
+            rung = parse_payload(ActionKind.ADD_ENGINE_FLAG, params)
+        except CorruptPayload:
+            continue  # its own action failed with the reason; a rung it cannot name was never tried
+        if model is not None and isinstance(rung, AddEngineFlagPayload):
+            trials.append(FlagTrial(model=model, flag=rung.flag, value=rung.value, at=_aware(at),
+                                    outcome=f"{state}: {outcome}"[:300]))
+    return trials
 
 
 def _aware(at: datetime) -> datetime:

@@ -3,18 +3,20 @@
 The control plane never calls agents. A restart's new generation carries ``capture_stack`` (the desired row's
 ``capture_stack_generation`` equals its generation); the agent dumps the old engine with py-spy before it
 drains it and sends the result as a ``stack_dump`` event in its next report. ``attach`` copies that event into
-``params["captured"][key]`` (``stack_dump``: the text or None; ``stack_dump_note``: what happened), so the
+the restart payload's ``captured[key]`` (``stack_dump``: the text or None; ``stack_dump_note``: what happened), so the
 action shows the evidence the restart destroyed (runbooks/stall.md).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from controlplane.policy.payloads import PlannedRestartPayload, RestartPayload
+from controlplane.policy.snapshot import split_key
+from controlplane.remediation.records import write_payload
 from controlplane.store.models import ActionRow, DesiredReplica, ReplicaEventRow
 
 EVENT_KIND = "stack_dump"
@@ -38,7 +40,7 @@ def split_message(message: str) -> tuple[str, str | None]:
 
 
 def _event_for(session: Session, key: str, since: datetime) -> ReplicaEventRow | None:
-    node, _, name = key.partition("/")
+    node, name = split_key(key)
     return session.scalars(
         select(ReplicaEventRow)
         .where(ReplicaEventRow.node == node, ReplicaEventRow.replica == name, ReplicaEventRow.kind == EVENT_KIND,
@@ -46,23 +48,24 @@ def _event_for(session: Session, key: str, since: datetime) -> ReplicaEventRow |
         .order_by(ReplicaEventRow.id).limit(1)).first()
 
 
-def attach(*, session: Session, row: ActionRow, final: bool = False) -> bool:
+def attach(*, session: Session, row: ActionRow, payload: RestartPayload | PlannedRestartPayload,
+           final: bool = False) -> bool:
     """Copy arrived dumps into the action's captured record; ``final``: say so where none came. True if changed."""
-    captured: dict[str, Any] = row.params.get("captured") or {}
-    if row.started_at is None or not any(c.get("stack_dump_note") == PENDING for c in captured.values()):
+    captured = payload.captured or {}
+    if row.started_at is None or not any(c.stack_dump_note == PENDING for c in captured.values()):
         return False
     updated = dict(captured)
     for key, entry in captured.items():
-        if entry.get("stack_dump_note") != PENDING:
+        if entry.stack_dump_note != PENDING:
             continue
         # Events are matched on the control plane's receive clock: the agent's own clock may be off.
         event = _event_for(session, key, row.started_at)
         if event is not None:
             note, dump = split_message(event.message)
-            updated[key] = {**entry, "stack_dump": dump, "stack_dump_note": note}
+            updated[key] = entry.model_copy(update={"stack_dump": dump, "stack_dump_note": note})
         elif final:
-            updated[key] = {**entry, "stack_dump_note": NONE_ARRIVED}
+            updated[key] = entry.model_copy(update={"stack_dump_note": NONE_ARRIVED})
     if updated == captured:
         return False
-    row.params = {**row.params, "captured": updated}
+    write_payload(row, payload.model_copy(update={"captured": updated}))
     return True

@@ -138,11 +138,11 @@ class DesiredReplica(Base):
 
 
 class ActionRow(Base):
-    """One action, automatic or an operator's: proposed -> approved -> running -> succeeded/failed/rolled_back.
+    """One action, automatic or an operator's; its states and their transitions are ``policy.lifecycle``'s.
 
-    ``suppressed``, ``shadow`` and ``rejected`` are final states for actions the guardrails or an operator held
-    back. The state column is also the claim: the executor moves approved -> running with a WHERE on the old
-    state, so two control planes can never both apply one action.
+    ``params`` holds the kind's typed payload as JSON (``policy.payloads``). The state column is also the
+    claim: the executor moves approved -> running with a WHERE on the old state, so two control planes can
+    never both apply one action.
     """
 
     __tablename__ = "actions"
@@ -171,6 +171,20 @@ class ActionRow(Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     outcome: Mapped[str] = mapped_column(Text, default="")
+
+
+class ActionTransitionRow(Base):
+    """One change of an action's state: when, from what (None: created), to what, by whom, and why."""
+
+    __tablename__ = "action_transitions"
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    action_id: Mapped[int] = mapped_column(ForeignKey("actions.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime]
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    by: Mapped[str] = mapped_column(String(128))
+    cause: Mapped[str] = mapped_column(Text, default="")
 
 
 class AuditEntry(Base):

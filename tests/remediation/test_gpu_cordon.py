@@ -34,10 +34,9 @@ def session(tmp_path: Path) -> Iterator[Session]:
 def _act(session: Session, kind: str, gpu: int | None) -> str:
     target = Target(kind="node", node="gpu-a") if gpu is None else Target(kind="gpu", node="gpu-a", gpu=gpu)
     params = {"scope": "node"} if gpu is None else {"scope": "gpu", "gpu": gpu}
-    proposal = ProposedAction(policy="operator", kind="cordon" if kind == "cordon" else "alert", target=target,
-                              params=params, reason=f"{kind} by test")
+    proposal = ProposedAction(policy="operator", kind=kind, target=target, params=params, reason=f"{kind} by test")
     row = record_decision(session=session, decision=Decision(action=proposal, verdict=Verdict.ALLOWED), now=T0,
-                          requested_by="test", kind=kind, state="approved", approved_by="test")
+                          requested_by="test", state="approved", approved_by="test")
     assert apply_action(session=session, action_id=row.id, now=T0)
     assert row.state == "succeeded", row.outcome
     return row.outcome

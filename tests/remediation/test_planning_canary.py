@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from controlplane.remediation.canary import judge_canary
+from controlplane.policy.canary import judge_canary
 from controlplane.remediation.planning import plan_restart, restart_deadline
 from tests.controlplane.fixtures import T0
 

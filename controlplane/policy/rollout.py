@@ -1,0 +1,286 @@
+"""Rollouts as a pure step: ``step(action, plan, observed, now, settings) -> Step(plan, writes, verdict)``.
+
+A rollout (a rolling restart, an engine-argument change of several replicas, or a canary) is one action whose
+whole progress is its ``RolloutPlan``, kept in the action, so a control plane that restarts mid-rollout, or a
+new leader, carries on from the batch it was in. Each round the caller reads what the step needs (the model's
+replicas as last reported, and in the canary phase their recent samples), calls ``step``, then writes what it
+returns: the plan, the desired-state ``writes``, and the verdict, if the rollout is over. Nothing here reads
+the store or a clock.
+
+When the current batch reports READY at its new generation the next batch starts, if the model's disruption
+budget still holds without it (drain -> stop -> start -> warm -> READY is the agent's). A canary (a governed
+``--max-num-seqs`` change, or a flag rung, on one replica with peers) first converges on its own, then runs
+beside its peers for ``canary_window``; ``canary.judge_canary`` compares them over the window's second half
+(the first is the canary's warm-up under load), and the change is rolled to the peers one at a time (pass) or
+the canary gets its previous arguments back (fail -> ``rolled_back``).
+
+A flag rung (``add_engine_flag``) is judged against a like-for-like baseline: the ready peers tuned as the
+canary was before (its max-num-seqs, without the flag, on several GPUs for a multi-GPU rung); without any, the
+canary's own readings over the half-window before its change. It must also cut the governed latency by the
+rung's ``min_latency_gain``. On a pass it goes to the peers that take it and lack it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal, Protocol
+
+from agent.wire import ReplicaState
+from controlplane.policy.canary import LATENCIES, judge_canary
+from controlplane.policy.guardrails import GuardConfig
+from controlplane.policy.lifecycle import ActionState
+from controlplane.policy.payloads import (
+    AddEngineFlagPayload,
+    CanaryVerdictRecord,
+    Judge,
+    MaxNumSeqsPayload,
+    NewArgsPayload,
+    Payload,
+    RollingRestartPayload,
+    RolloutPlan,
+)
+
+RolloutPayload = RollingRestartPayload | NewArgsPayload
+Verdict = tuple[ActionState, str]
+Values = Mapping[str, Any]
+
+
+class Reported(Protocol):
+    """What convergence needs of a replica as last reported (a store row or a ``ReplicaView``)."""
+
+    @property
+    def state(self) -> str: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def last_exit_code(self) -> int | None: ...
+
+
+Progress = Literal["done", "pending", "fatal"]
+
+
+def progress(replica: Reported | None, generation: int | None) -> Progress:
+    """Where one replica stands against the change asked of it: the one convergence rule.
+
+    ``generation`` None is a drain: done once the replica is stopped (or no longer reported). Otherwise done
+    once it is READY (and ready) at that generation or a later one; FATAL fails the change.
+    """
+    if replica is not None and replica.state == ReplicaState.FATAL:
+        return "fatal"
+    if generation is None:
+        return "done" if replica is None or replica.state == ReplicaState.STOPPED else "pending"
+    converged = (replica is not None and replica.generation >= generation and replica.ready
+                 and replica.state == ReplicaState.READY)
+    return "done" if converged else "pending"
+
+
+def fatal_reason(key: str, replica: Reported | None) -> str:
+    return f"{key} is FATAL (exit code {None if replica is None else replica.last_exit_code})"
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """One replica of the model, as its agent last reported it."""
+
+    key: str
+    state: str
+    ready: bool
+    generation: int
+    engine_args: tuple[str, ...] = ()
+    gpus: tuple[int, ...] = ()
+    managed: bool = True
+    last_exit_code: int | None = None
+    # The generation last asked of it (desired state): a new one is above both.
+    desired_generation: int | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self.ready and self.state == ReplicaState.READY
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the caller read for one step: the model's replicas, and in the canary phase their samples since
+    ``samples_since(plan, settings)`` as (time, values), oldest first."""
+
+    replicas: Mapping[str, ReplicaView]
+    samples: Mapping[str, Sequence[tuple[datetime, Values]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    deadline: timedelta = timedelta(minutes=10)  # per batch
+    canary_window: timedelta = timedelta(minutes=2)
+    max_latency_regression: float = 0.10
+    max_throughput_drop: float = 0.25
+    guard: GuardConfig = field(default_factory=GuardConfig)  # the disruption budget, per model
+
+
+@dataclass(frozen=True)
+class DesiredWrite:
+    """One desired-state change for the caller to write: ``engine_args`` None restarts the same arguments."""
+
+    key: str
+    engine_args: list[str] | None
+
+
+@dataclass(frozen=True)
+class Step:
+    plan: RolloutPlan
+    writes: list[DesiredWrite] = field(default_factory=list)
+    verdict: Verdict | None = None
+
+
+def is_rollout(payload: Payload, replicas: Sequence[str]) -> bool:
+    """Whether the rollout runs this action: rolling restarts, multi-replica argument changes, canaries."""
+    if isinstance(payload, RollingRestartPayload):
+        return True
+    if isinstance(payload, MaxNumSeqsPayload | AddEngineFlagPayload):
+        return len(replicas) > 1 or payload.canary
+    return False
+
+
+def samples_since(plan: RolloutPlan | None, settings: RolloutSettings) -> datetime | None:
+    """From when the next step needs samples (a canary being judged, and its own readings before its change),
+    or None when it needs none."""
+    if plan is None or plan.phase != "canary" or plan.batch_started_at is None:
+        return None
+    return plan.batch_started_at - settings.canary_window / 2
+
+
+def _next_generation(view: ReplicaView | None) -> int:
+    if view is None:
+        return 1
+    return max(view.generation, view.desired_generation or 0) + 1
+
+
+def _start_batch(action: RolloutPayload, plan: RolloutPlan, keys: Sequence[str], observed: Observed,
+                 now: datetime) -> Step:
+    writes, batch = [], {}
+    for key in keys:
+        view = observed.replicas.get(key)
+        args = None if isinstance(action, RollingRestartPayload) else action.args_for(
+            key, () if view is None else view.engine_args)
+        writes.append(DesiredWrite(key, args))
+        batch[key] = _next_generation(view)
+    return Step(plan.model_copy(update={"batch": batch, "batch_started_at": now, "waiting": None}), writes)
+
+
+def start(action: RolloutPayload, replicas: Sequence[str], observed: Observed, now: datetime) -> Step:
+    """Plan the rollout, and start its first batch if it is a canary (a rolling rollout starts next step)."""
+    if not isinstance(action, RollingRestartPayload) and action.canary and len(replicas) == 1:
+        view = observed.replicas.get(replicas[0])
+        plan = RolloutPlan(phase="canary", canary=replicas[0],
+                           previous_args=[] if view is None else list(view.engine_args))
+        return _start_batch(action, plan, replicas, observed, now)
+    size = action.batch_size if isinstance(action, RollingRestartPayload) else 1
+    keys = list(replicas)
+    return Step(RolloutPlan(phase="rolling", queue=[keys[i:i + size] for i in range(0, len(keys), size)]))
+
+
+def _budget_wait(model: str | None, batch: Sequence[str], observed: Observed, guard: GuardConfig) -> str | None:
+    if model is None:
+        return None
+    members = list(observed.replicas.values())
+    floor = guard.budget_for(model).floor(len(members))
+    serving = [r for r in members if r.serving and r.key not in batch]
+    if len(serving) < floor and any(k in {r.key for r in members if r.ready} for k in batch):
+        return f"waiting: {len(serving)} other replica(s) of {model} READY, budget needs {floor}"
+    return None
+
+
+def _window(observed: Observed, key: str, since: datetime, until: datetime | None = None) -> list[Values]:
+    return [v for at, v in observed.samples.get(key, ()) if at >= since and (until is None or at < until)]
+
+
+def _like_for_like(action: AddEngineFlagPayload, plan: RolloutPlan, peers: Sequence[ReplicaView]) -> list[ReplicaView]:
+    """Peers tuned as the canary was before its change: its max-num-seqs and this flag's setting, on as many
+    GPUs when the rung is for multi-GPU engines (ports and other per-instance arguments may differ)."""
+    before = action.tuning(plan.previous_args or [])
+    return [p for p in peers if p.ready and action.takes(p.engine_args, p.gpus) and action.tuning(p.engine_args)
+            == before]
+
+
+def _judge(action: NewArgsPayload, plan: RolloutPlan, observed: Observed, now: datetime,
+           settings: RolloutSettings) -> Step:
+    """The canary phase once the canary is READY: wait out the window, compare, then promote or roll back."""
+    ready_at = plan.canary_ready_at or now
+    plan = plan.model_copy(update={"canary_ready_at": ready_at})
+    key = plan.canary or ""
+    peers = [r for r in observed.replicas.values() if r.key != key and r.managed]
+    flag_rung = isinstance(action, AddEngineFlagPayload)
+    # A lone replica has no peers to compare with: its own SLO is the governor's to judge, next round. A flag
+    # rung always has a baseline (its own readings before the change, at worst), so it waits out the window.
+    if (peers or flag_rung) and now - ready_at < settings.canary_window:
+        return Step(plan)
+    # The governor says what the change is judged on (its signal, the throughput a lowering may cost).
+    judge = action.judge or Judge()
+    # Judged on the second half of the window: in the first, the canary warms up under live load (a fresh
+    # engine's first steps are slower, and its empty batch refills all at once), which is not its steady state.
+    since = ready_at + settings.canary_window / 2
+    if judge.baseline == "same_args" and isinstance(action, AddEngineFlagPayload):
+        alike = _like_for_like(action, plan, peers)
+        plan = plan.model_copy(update={"baseline": [p.key for p in alike] or "itself before the change"})
+        started = plan.batch_started_at or now
+        # Nobody runs the old arguments any more: the canary's own readings before its change.
+        baseline = ([_window(observed, p.key, since) for p in alike] if alike
+                    else [_window(observed, key, started - settings.canary_window / 2, started)])
+    else:
+        baseline = [_window(observed, p.key, since) for p in peers]
+    verdict = judge_canary(
+        _window(observed, key, since), baseline, settings.max_latency_regression,
+        settings.max_throughput_drop if judge.max_throughput_drop is None else judge.max_throughput_drop,
+        judge.latencies or LATENCIES, min_latency_gain=judge.min_latency_gain)
+    plan = plan.model_copy(update={"canary_verdict": CanaryVerdictRecord(
+        verdict=verdict.verdict, reason=verdict.reason, figures=verdict.figures)})
+    if verdict.verdict == "wait":
+        return Step(plan)
+    if verdict.verdict == "fail":
+        plan = plan.model_copy(update={"done": [key], "phase": "rolled_back", "batch": {}})
+        back = DesiredWrite(key, list(plan.previous_args or []))
+        if isinstance(action, MaxNumSeqsPayload):
+            what = f"rolled back to --max-num-seqs {action.previous}"
+        else:
+            what = f"rolled back to its arguments without {action.change}"
+        return Step(plan, [back], (ActionState.ROLLED_BACK, f"{verdict.reason}; {key} {what}"))
+    queue = [[p.key] for p in sorted(peers, key=lambda r: r.key) if action.needs(p.engine_args, p.gpus)]
+    return Step(plan.model_copy(update={"done": [key], "phase": "rolling", "batch": {}, "queue": queue}))
+
+
+def step(action: RolloutPayload, plan: RolloutPlan, model: str | None, observed: Observed, now: datetime,
+         settings: RolloutSettings) -> Step:
+    """One step of a running rollout: the next plan, the desired-state writes, and the verdict once it is over."""
+    if plan.batch:
+        pending = []
+        for key, generation in plan.batch.items():
+            view = observed.replicas.get(key)
+            where = progress(view, generation)
+            if where == "fatal":
+                return Step(plan, verdict=(ActionState.FAILED, fatal_reason(key, view)))
+            if where == "pending":
+                pending.append(key)
+        if pending:
+            started = plan.batch_started_at or now
+            if now - started > settings.deadline:
+                return Step(plan, verdict=(ActionState.FAILED, f"deadline of {settings.deadline.total_seconds():g}s "
+                                           f"passed; waiting on {', '.join(pending)}"))
+            return Step(plan)
+        if plan.phase == "canary":
+            assert not isinstance(action, RollingRestartPayload)  # a rolling restart has no canary
+            judged = _judge(action, plan, observed, now, settings)
+            if judged.verdict is not None or judged.plan.phase == "canary":
+                return judged
+            plan = judged.plan
+        else:
+            plan = plan.model_copy(update={"done": [*plan.done, *plan.batch], "batch": {}})
+    if not plan.queue:
+        return Step(plan, verdict=(ActionState.SUCCEEDED, f"{len(plan.done)} replica(s) READY at their new "
+                                   f"generation: {', '.join(plan.done)}"))
+    waiting = _budget_wait(model, plan.queue[0], observed, settings.guard)
+    if waiting is not None:
+        return Step(plan.model_copy(update={"waiting": waiting}))
+    return _start_batch(action, plan.model_copy(update={"queue": plan.queue[1:]}), plan.queue[0], observed, now)
