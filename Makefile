@@ -41,6 +41,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_payload_keys.py
 
 test: deps real-vllm lint
 	$(BIN)/pytest

@@ -44,6 +44,7 @@ from controlplane.policy.conditions import Op, ThresholdCondition
 from controlplane.policy.detectors.findings import Finding, covering, evidence_of, since
 from controlplane.policy.detectors.slo import OPS, detect_threshold, signal_holds
 from controlplane.policy.durations import format_duration
+from controlplane.policy.kinds import ActionKind
 from controlplane.policy.memory import breach_ceiling
 from controlplane.policy.payloads import AlertPayload, Judge, MaxNumSeqsPayload
 from controlplane.policy.policy import Policy
@@ -146,7 +147,7 @@ def at_value(replica: Replica, value: int) -> list[ReplicaSample]:
 def _change(policy: Policy, action: LowerMaxNumSeqsAction, kind: str, replicas: Sequence[Replica], value: int,
             previous: int, reason: str, findings: list[Finding], target: Target) -> ProposedAction:
     change = MaxNumSeqsPayload(
-        kind="lower_max_num_seqs" if kind == "lower" else "raise_max_num_seqs", max_num_seqs=value,
+        kind=ActionKind.LOWER_MAX_NUM_SEQS if kind == "lower" else ActionKind.RAISE_MAX_NUM_SEQS, max_num_seqs=value,
         previous=previous,
         # One replica is a canary (when the policy says so): judged beside its peers, then rolled to them.
         canary=action.canary and target.kind == "replica",

@@ -13,21 +13,25 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from enum import StrEnum
 from fnmatch import fnmatchcase
-from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from agent.wire import ReplicaState
 from controlplane.policy.durations import Duration
 from controlplane.policy.kinds import Guardrail
+from controlplane.policy.lifecycle import ActionState
 from controlplane.policy.payloads import RollingRestartPayload
 from controlplane.policy.policy import Guardrails, Policy
 from controlplane.policy.proposals import ProposedAction
 from controlplane.policy.snapshot import FleetSnapshot
 
-RecordStatus = Literal["proposed", "running", "succeeded", "failed", "shadow", "suppressed", "rejected"]
-# Records that took capacity (or tried to): they count for rate limits and the breaker.
-EXECUTED: frozenset[str] = frozenset({"running", "succeeded", "failed"})
+S = ActionState
+# Approved and not yet finished: takes capacity now (for the disruption budget).
+IN_FLIGHT: frozenset[ActionState] = frozenset({S.APPROVED, S.RUNNING})
+# Went wrong: counts towards the breaker.
+WENT_WRONG: frozenset[ActionState] = frozenset({S.FAILED, S.ROLLED_BACK})
+# Took capacity (or tried to): counts for rate limits and the breaker.
+EXECUTED: frozenset[ActionState] = IN_FLIGHT | WENT_WRONG | {S.SUCCEEDED}
 
 
 class _Frozen(BaseModel):
@@ -41,7 +45,7 @@ class ActionRecord(_Frozen):
     kind: str
     target: str  # Target.key
     at: AwareDatetime
-    status: RecordStatus
+    status: ActionState
     replicas: list[str] = Field(default_factory=list)
     model: str | None = None
     disruptive: bool = True
@@ -108,7 +112,7 @@ def breaker_check(state: GuardState, config: GuardConfig, now: datetime) -> str 
     if state.breaker_reset_at is not None:
         since = max(since, state.breaker_reset_at)
     recent = [r for r in state.records if r.at >= since]
-    failures = sum(1 for r in recent if r.status == "failed")
+    failures = sum(1 for r in recent if r.status in WENT_WRONG)
     if failures >= config.breaker_max_failures:
         return f"{failures} failed actions within {config.breaker_window:g}s (limit {config.breaker_max_failures})"
     disrupted = {k for r in recent if r.status in EXECUTED and r.disruptive for k in r.replicas}
@@ -126,7 +130,7 @@ def cooldown_check(action: ProposedAction, guard: Guardrails, state: GuardState,
         return f"already decided for {key} in this evaluation"
     since = now - timedelta(seconds=guard.cooldown)
     last = [r for r in state.records if r.policy == action.policy and r.target == key and r.at >= since
-            and r.status != "suppressed" and r.kind == action.kind]
+            and r.status != S.SUPPRESSED and r.kind == action.kind]
     if last:
         return f"{action.policy} acted on {key} at {last[-1].at.isoformat()} ({last[-1].status}); cooldown " \
                f"{guard.cooldown:g}s"
@@ -176,7 +180,7 @@ def budget_check(action: ProposedAction, config: GuardConfig, state: GuardState,
         return None
     members = snapshot.replicas_of_model(action.model)
     floor = config.budget_for(action.model).floor(len(members))
-    busy = {k for r in state.records if r.status == "running" for k in r.replicas}
+    busy = {k for r in state.records if r.status in IN_FLIGHT for k in r.replicas}
     busy |= {k for a in allowed if a.stops_replicas for k in _stopped_at_once(a)}
     wedged = {f.subject for f in action.findings if f.detector == "stall"}
     available = {r.key for r in members if r.ready and r.state == ReplicaState.READY} - busy - wedged
@@ -233,15 +237,15 @@ def decide(actions: Sequence[ProposedAction], state: GuardState, snapshot: Fleet
     return GuardResult(decisions=decisions, breaker_trip=tripped_now)
 
 
-_STATUS_OF: dict[Verdict, RecordStatus] = {
-    Verdict.ALLOWED: "running", Verdict.SUPPRESSED: "suppressed", Verdict.SHADOW: "shadow",
-    Verdict.AWAITING_APPROVAL: "proposed",
+STATE_OF: dict[Verdict, ActionState] = {
+    Verdict.ALLOWED: S.APPROVED, Verdict.SUPPRESSED: S.SUPPRESSED, Verdict.SHADOW: S.SHADOW,
+    Verdict.AWAITING_APPROVAL: S.PROPOSED,
 }
 
 
 def record(decision: Decision, now: datetime) -> ActionRecord:
     """The record the executor stores for a decision (before applying it; it updates the status after)."""
-    status = _STATUS_OF[decision.verdict]
+    status = STATE_OF[decision.verdict]
     a = decision.action
     return ActionRecord(policy=a.policy, kind=a.kind, target=a.target.key, at=now, status=status,
                         replicas=list(a.replicas), model=a.model, disruptive=a.disruptive)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, Field
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from controlplane.policy import payloads as p
-from controlplane.policy.guardrails import ActionRecord, Decision, GuardState, RecordStatus, Verdict
+from controlplane.policy.guardrails import STATE_OF, ActionRecord, Decision, GuardState
 from controlplane.policy.kinds import spec
 from controlplane.policy.lifecycle import ActionState, check_transition
 from controlplane.policy.payloads import CorruptPayload, Payload, parse_payload, payload_json
@@ -26,14 +26,6 @@ from controlplane.policy.proposals import ProposedAction
 from controlplane.store.models import ActionRow, ActionTransitionRow
 
 S = ActionState
-# How a stored state counts for the guardrails: approved-but-not-started takes capacity already.
-_RECORD_STATUS: dict[ActionState, RecordStatus] = {
-    S.PROPOSED: "proposed", S.APPROVED: "running", S.RUNNING: "running", S.SUCCEEDED: "succeeded",
-    S.FAILED: "failed", S.ROLLED_BACK: "failed", S.SUPPRESSED: "suppressed", S.SHADOW: "shadow",
-    S.REJECTED: "rejected", S.EXPIRED: "rejected",
-}
-_STATE_OF: dict[Verdict, ActionState] = {Verdict.ALLOWED: S.APPROVED, Verdict.SUPPRESSED: S.SUPPRESSED,
-                                         Verdict.SHADOW: S.SHADOW, Verdict.AWAITING_APPROVAL: S.PROPOSED}
 # Who wrote the states the executor owns, in the trail.
 EXECUTOR = "executor"
 
@@ -157,11 +149,11 @@ def _fields(row: ActionRow, trail: list[TransitionOut]) -> dict[str, Any]:
     )
 
 
+# Each kind's output class, read off the classes' own ``kind`` literals.
 _OUT: dict[str, type[ActionOutBase[Any]]] = {
-    "restart": RestartOut, "planned_restart": PlannedRestartOut, "drain": DrainOut,
-    "rolling_restart": RollingRestartOut, "set_flags": SetFlagsOut, "lower_max_num_seqs": MaxNumSeqsOut,
-    "raise_max_num_seqs": MaxNumSeqsOut, "add_engine_flag": AddEngineFlagOut, "cordon": CordonOut,
-    "uncordon": CordonOut, "alert": AlertOut,
+    kind: cls for cls in (RestartOut, PlannedRestartOut, DrainOut, RollingRestartOut, SetFlagsOut, MaxNumSeqsOut,
+                          AddEngineFlagOut, CordonOut, AlertOut)
+    for kind in get_args(cls.model_fields["kind"].annotation)
 }
 
 
@@ -188,7 +180,7 @@ def _trails(session: Session, ids: list[int]) -> dict[int, list[TransitionOut]]:
 
 
 def state_for(decision: Decision) -> ActionState:
-    return _STATE_OF[decision.verdict]
+    return STATE_OF[decision.verdict]
 
 
 def _trail(session: Session, action_id: int, src: ActionState | None, dst: ActionState, now: datetime, by: str,
@@ -241,7 +233,7 @@ def guard_state(*, session: Session, now: datetime, window: timedelta = timedelt
                            .where(ActionRow.created_at >= now - window)
                            .order_by(ActionRow.created_at, ActionRow.id))
     records = [ActionRecord(policy=policy or "operator", kind=kind, target=target, at=at,
-                            status=_RECORD_STATUS[ActionState(state)], replicas=list(replicas), model=model,
+                            status=ActionState(state), replicas=list(replicas), model=model,
                             disruptive=spec(kind).disrupts)
                for policy, kind, target, at, state, replicas, model in rows]
     return GuardState(records=records)
