@@ -24,7 +24,7 @@ def test_backoff_is_not_yet_a_crash_loop():
 
 
 def test_oom_crash_is_read_from_the_log_even_with_exit_code_zero():
-    # vLLM's API server may exit 0 when its engine dies (DESIGN: engine death).
+    # vLLM's API server may exit 0 when its engine dies (docs/design.md, vLLM facts).
     r = replica(state=ReplicaState.BACKOFF, last_exit_code=0, log_tail=OOM_TAIL)
     finding = detect_oom_crash(OomCrashCondition(detector="oom_crash"), r, at(0))
     assert finding is not None and "CUDA out of memory" in finding.summary

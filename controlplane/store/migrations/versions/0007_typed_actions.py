@@ -19,12 +19,16 @@ Upgrade, per row (in batches, so a large table is never loaded at once):
 
 A row already in its kind's shape comes out unchanged, and a row of an unknown kind is left alone.
 
-Every existing row also gets a best-effort trail (by ``migration``, cause ``BACKFILLED``), built from its
-columns: created in the state it most likely started in (proposed, approved, suppressed and shadow as stored;
-proposed for a rejected row, or for one whose first guardrail decision was "awaiting_approval" and was not
-bypassed with force; succeeded for the circuit breaker's page, which was recorded done at once; approved
-otherwise), then approved at its ``updated_at`` (still approved) or ``started_at`` for one proposed first,
-running at ``started_at``, and its final state at ``finished_at``.
+Every existing row also gets a best-effort trail, by ``migration`` with the cause "recorded before the action
+trail existed", built from its columns alone since the older version kept no history: created at
+``created_at`` in the state it most likely started in (proposed, approved, suppressed and shadow as stored;
+proposed for a rejected row, and for one whose first guardrail decision was "awaiting_approval" and was not
+bypassed with force; succeeded for the circuit breaker's page, which was recorded done at once; approved for
+the rest), then for one proposed first its approval (at ``updated_at`` while still approved, else at
+``started_at``: the API applies an approval at once), approved -> running at ``started_at``, and running ->
+its final state at ``finished_at`` (proposed -> rejected at ``finished_at`` for a rejected one). A missing
+time falls back to another the row has (``started_at`` to ``created_at``, ``finished_at`` to ``updated_at``),
+so every trail is a path the lifecycle allows, ending in the row's state.
 
 Downgrade converts back to what the previous version reads: ``set_flags`` gets its one replica's list again
 and a restart gets ``"drain": true`` (the older code never read it, so its lost value does not matter). What
@@ -48,7 +52,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.engine import Connection
 
 revision = "0007"
 down_revision = "0006"
@@ -207,12 +211,13 @@ def backfill_trail(row: Mapping[str, Any]) -> list[tuple[datetime, str | None, s
     return lines
 
 
-def _batches(connection: Connection, columns: Sequence[sa.ColumnElement[Any]]) -> Iterator[Sequence[RowMapping]]:
+def _batches(connection: Connection, columns: Sequence[sa.ColumnElement[Any]]) -> Iterator[list[dict[str, Any]]]:
     """Every action row, ``BATCH`` at a time in id order (keyset paging: rows updated meanwhile are not re-read)."""
     last = 0
     while True:
-        rows = connection.execute(sa.select(*columns).where(_actions.c.id > last)
-                                  .order_by(_actions.c.id).limit(BATCH)).mappings().all()
+        result = connection.execute(sa.select(*columns).where(_actions.c.id > last)
+                                    .order_by(_actions.c.id).limit(BATCH)).mappings()
+        rows = [{str(k): v for k, v in r.items()} for r in result]
         if not rows:
             return
         yield rows
@@ -251,7 +256,8 @@ def upgrade() -> None:
                        "cause": BACKFILLED} for at, src, dst in backfill_trail(row)]
         if changed:
             connection.execute(_SET_PARAMS, changed)
-        connection.execute(_transitions.insert(), trail)
+        if trail:
+            connection.execute(_transitions.insert(), trail)
 
 
 def downgrade() -> None:
