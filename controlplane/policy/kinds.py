@@ -93,5 +93,13 @@ KINDS: dict[ActionKind, KindSpec] = {
 
 
 def spec(kind: str) -> KindSpec:
-    """The table's row for ``kind``; a KeyError names a kind the contract does not know."""
+    """The table's row for ``kind``; a ValueError names a kind the contract does not know."""
     return KINDS[ActionKind(kind)]
+
+
+def find(kind: str) -> KindSpec | None:
+    """The table's row for ``kind``, or None for a kind it does not know (a stored row of an older one)."""
+    try:
+        return spec(kind)
+    except ValueError:
+        return None

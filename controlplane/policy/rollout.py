@@ -63,16 +63,19 @@ class Reported(Protocol):
 Progress = Literal["done", "pending", "fatal"]
 
 
-def progress(replica: Reported | None, generation: int | None) -> Progress:
+def progress(replica: Reported | None, generation: int | None, *, was_fatal: bool = False) -> Progress:
     """Where one replica stands against the change asked of it: the one convergence rule.
 
-    ``generation`` None is a drain: done once the replica is stopped (or no longer reported). Otherwise done
-    once it is READY (and ready) at that generation or a later one; FATAL fails the change.
+    ``generation`` None is a drain: done once the replica is stopped (or no longer reported); the agent stops
+    a FATAL one too. Otherwise done once it is READY (and ready) at that generation or a later one; FATAL
+    fails the change, except at an older generation of a replica that was FATAL when the change began
+    (``was_fatal``): that is the state a restart is asked to end, reported before the agent took the change.
     """
-    if replica is not None and replica.state == ReplicaState.FATAL:
-        return "fatal"
     if generation is None:
         return "done" if replica is None or replica.state == ReplicaState.STOPPED else "pending"
+    if replica is not None and replica.state == ReplicaState.FATAL and (
+            replica.generation >= generation or not was_fatal):
+        return "fatal"
     converged = (replica is not None and replica.generation >= generation and replica.ready
                  and replica.state == ReplicaState.READY)
     return "done" if converged else "pending"
@@ -238,17 +241,27 @@ def _judge(action: NewArgsPayload, plan: RolloutPlan, observed: Observed, now: d
     plan = plan.model_copy(update={"canary_verdict": CanaryVerdictRecord(
         verdict=verdict.verdict, reason=verdict.reason, figures=verdict.figures)})
     if verdict.verdict == "wait":
-        return Step(plan)
+        if now - ready_at < settings.canary_window + settings.deadline:
+            return Step(plan)
+        # Readings stopped coming (an agent gone quiet): an unproven change does not stay.
+        plan = plan.model_copy(update={"done": [key], "phase": "rolled_back", "batch": {}})
+        waited = (settings.canary_window + settings.deadline).total_seconds()
+        return Step(plan, [DesiredWrite(key, list(plan.previous_args or []))], (
+            ActionState.ROLLED_BACK,
+            f"the canary could not be judged within {waited:g}s of its READY ({verdict.reason}); "
+            f"{key} {_undo(action)}"))
     if verdict.verdict == "fail":
         plan = plan.model_copy(update={"done": [key], "phase": "rolled_back", "batch": {}})
         back = DesiredWrite(key, list(plan.previous_args or []))
-        if isinstance(action, MaxNumSeqsPayload):
-            what = f"rolled back to --max-num-seqs {action.previous}"
-        else:
-            what = f"rolled back to its arguments without {action.change}"
-        return Step(plan, [back], (ActionState.ROLLED_BACK, f"{verdict.reason}; {key} {what}"))
+        return Step(plan, [back], (ActionState.ROLLED_BACK, f"{verdict.reason}; {key} {_undo(action)}"))
     queue = [[p.key] for p in sorted(peers, key=lambda r: r.key) if action.needs(p.engine_args, p.gpus)]
     return Step(plan.model_copy(update={"done": [key], "phase": "rolling", "batch": {}, "queue": queue}))
+
+
+def _undo(action: NewArgsPayload) -> str:
+    if isinstance(action, MaxNumSeqsPayload):
+        return f"rolled back to --max-num-seqs {action.previous}"
+    return f"rolled back to its arguments without {action.change}"
 
 
 def step(action: RolloutPayload, plan: RolloutPlan, model: str | None, observed: Observed, now: datetime,

@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from agent.wire import ReplicaState
 from controlplane.fleet.desired import DesiredChange, set_desired
 from controlplane.policy.kinds import spec
 from controlplane.policy.lifecycle import ActionState
@@ -191,12 +192,14 @@ def apply_approved(*, sessions: sessionmaker[Session], now: Callable[[], datetim
 
 
 def judge(applied: Mapping[str, int | None], replicas: Mapping[str, Replica | None], started_at: datetime | None,
-          now: datetime, deadline: timedelta) -> tuple[ActionState, str] | None:
-    """Pure: (final state, outcome) for a running action given the replicas as last reported, or None."""
+          now: datetime, deadline: timedelta,
+          was_fatal: frozenset[str] = frozenset()) -> tuple[ActionState, str] | None:
+    """Pure: (final state, outcome) for a running action given the replicas as last reported, or None
+    (``was_fatal``: the replicas a restart found FATAL, which it is there to bring back)."""
     pending = []
     for key, generation in applied.items():
         replica = replicas.get(key)
-        where = progress(replica, generation)
+        where = progress(replica, generation, was_fatal=key in was_fatal)
         if where == "fatal":
             return S.FAILED, fatal_reason(key, replica)
         if where == "pending":
@@ -227,8 +230,10 @@ def reconcile(*, session: Session, now: datetime, deadline: timedelta,
             verdict = rollout.advance(session=session, row=row, payload=payload, now=now, settings=settings)
         else:
             applied = (payload.applied if isinstance(payload, Applied) else None) or {}
+            captured = payload.captured if isinstance(payload, RestartPayload | PlannedRestartPayload) else None
+            was_fatal = frozenset(k for k, c in (captured or {}).items() if c.state == ReplicaState.FATAL)
             verdict = judge(applied, {k: session.get(Replica, split_key(k)) for k in applied}, row.started_at,
-                            now, deadline)
+                            now, deadline, was_fatal)
             if isinstance(payload, RestartPayload | PlannedRestartPayload):
                 # Dumps that arrived are attached every round; a finished restart says where none came.
                 stackdumps.attach(session=session, row=row, payload=payload, final=verdict is not None)

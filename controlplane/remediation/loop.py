@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.policy.evaluate import evaluate
 from controlplane.policy.guardrails import Decision, GuardConfig, Verdict, decide
-from controlplane.policy.kinds import spec
+from controlplane.policy.kinds import find
 from controlplane.policy.lifecycle import OPEN, ActionState
 from controlplane.policy.payloads import AlertPayload, PlannedRestartPayload
 from controlplane.policy.policy import Policy
@@ -65,7 +65,7 @@ def _open_actions(session: Session) -> OpenActions:
         found.keys.add((row.policy or "operator", row.kind, row.target))
         if row.state != ActionState.PROPOSED and row.disruptive:
             found.busy.update(row.replicas)
-        if spec(row.kind).governed and row.model is not None:
+        if (known := find(row.kind)) is not None and known.governed and row.model is not None:
             found.governed.add(row.model)
     return found
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from controlplane.policy import payloads as p
 from controlplane.policy.guardrails import STATE_OF, ActionRecord, Decision, GuardState
-from controlplane.policy.kinds import spec
+from controlplane.policy.kinds import find
 from controlplane.policy.lifecycle import ActionState, check_transition
 from controlplane.policy.payloads import CorruptPayload, Payload, parse_payload, payload_json
 from controlplane.policy.proposals import ProposedAction
@@ -68,43 +68,43 @@ class ActionOutBase(_Common, Generic[P]):
     params: P
 
 
-class RestartOut(ActionOutBase[p.RestartPayload]):
+class RestartActionOut(ActionOutBase[p.RestartPayload]):
     kind: Literal["restart"]
 
 
-class PlannedRestartOut(ActionOutBase[p.PlannedRestartPayload]):
+class PlannedRestartActionOut(ActionOutBase[p.PlannedRestartPayload]):
     kind: Literal["planned_restart"]
 
 
-class DrainOut(ActionOutBase[p.DrainPayload]):
+class DrainActionOut(ActionOutBase[p.DrainPayload]):
     kind: Literal["drain"]
 
 
-class RollingRestartOut(ActionOutBase[p.RollingRestartPayload]):
+class RollingRestartActionOut(ActionOutBase[p.RollingRestartPayload]):
     kind: Literal["rolling_restart"]
 
 
-class SetFlagsOut(ActionOutBase[p.SetFlagsPayload]):
+class SetFlagsActionOut(ActionOutBase[p.SetFlagsPayload]):
     kind: Literal["set_flags"]
 
 
-class MaxNumSeqsOut(ActionOutBase[p.MaxNumSeqsPayload]):
+class MaxNumSeqsActionOut(ActionOutBase[p.MaxNumSeqsPayload]):
     kind: Literal["lower_max_num_seqs", "raise_max_num_seqs"]
 
 
-class AddEngineFlagOut(ActionOutBase[p.AddEngineFlagPayload]):
+class AddEngineFlagActionOut(ActionOutBase[p.AddEngineFlagPayload]):
     kind: Literal["add_engine_flag"]
 
 
-class CordonOut(ActionOutBase[p.CordonPayload]):
+class CordonActionOut(ActionOutBase[p.CordonPayload]):
     kind: Literal["cordon", "uncordon"]
 
 
-class AlertOut(ActionOutBase[p.AlertPayload]):
+class AlertActionOut(ActionOutBase[p.AlertPayload]):
     kind: Literal["alert"]
 
 
-class UnreadableOut(_Common):
+class UnreadableActionOut(_Common):
     """A stored action whose payload no longer validates: shown as stored, with ``problem`` saying why."""
 
     kind: str
@@ -113,15 +113,17 @@ class UnreadableOut(_Common):
 
 
 # What the API serves for an action: typed per kind, so the schema documents each kind's payload.
+_TYPED = (RestartActionOut, PlannedRestartActionOut, DrainActionOut, RollingRestartActionOut, SetFlagsActionOut,
+          MaxNumSeqsActionOut, AddEngineFlagActionOut, CordonActionOut, AlertActionOut)
 ActionOut = Annotated[
-    RestartOut | PlannedRestartOut | DrainOut | RollingRestartOut | SetFlagsOut | MaxNumSeqsOut
-    | AddEngineFlagOut | CordonOut | AlertOut,
+    RestartActionOut | PlannedRestartActionOut | DrainActionOut | RollingRestartActionOut | SetFlagsActionOut
+    | MaxNumSeqsActionOut | AddEngineFlagActionOut | CordonActionOut | AlertActionOut,
     Field(discriminator="kind"),
-] | UnreadableOut
+] | UnreadableActionOut
 
 
 # Any one of them, as the functions here return it.
-AnyActionOut = ActionOutBase[Any] | UnreadableOut
+AnyActionOut = ActionOutBase[Any] | UnreadableActionOut
 
 
 def read_payload(row: ActionRow) -> Payload:
@@ -151,9 +153,7 @@ def _fields(row: ActionRow, trail: list[TransitionOut]) -> dict[str, Any]:
 
 # Each kind's output class, read off the classes' own ``kind`` literals.
 _OUT: dict[str, type[ActionOutBase[Any]]] = {
-    kind: cls for cls in (RestartOut, PlannedRestartOut, DrainOut, RollingRestartOut, SetFlagsOut, MaxNumSeqsOut,
-                          AddEngineFlagOut, CordonOut, AlertOut)
-    for kind in get_args(cls.model_fields["kind"].annotation)
+    kind: cls for cls in _TYPED for kind in get_args(cls.model_fields["kind"].annotation)
 }
 
 
@@ -162,7 +162,7 @@ def action_out(row: ActionRow, trail: list[TransitionOut] | None = None) -> AnyA
     try:
         payload = read_payload(row)
     except CorruptPayload as exc:
-        return UnreadableOut(**fields, params=dict(row.params) if isinstance(row.params, dict) else {},
+        return UnreadableActionOut(**fields, params=dict(row.params) if isinstance(row.params, dict) else {},
                              problem=str(exc))
     return _OUT[payload.kind](**fields, params=payload)
 
@@ -229,13 +229,14 @@ def record_decision(*, session: Session, decision: Decision, now: datetime, requ
 def guard_state(*, session: Session, now: datetime, window: timedelta = timedelta(hours=1)) -> GuardState:
     """Recent actions as the guardrails' input (cooldowns, rate limits, budgets, breaker)."""
     rows = session.execute(select(ActionRow.policy, ActionRow.kind, ActionRow.target, ActionRow.created_at,
-                                  ActionRow.state, ActionRow.replicas, ActionRow.model)
+                                  ActionRow.state, ActionRow.replicas, ActionRow.model, ActionRow.disruptive)
                            .where(ActionRow.created_at >= now - window)
                            .order_by(ActionRow.created_at, ActionRow.id))
     records = [ActionRecord(policy=policy or "operator", kind=kind, target=target, at=at,
                             status=ActionState(state), replicas=list(replicas), model=model,
-                            disruptive=spec(kind).disrupts)
-               for policy, kind, target, at, state, replicas, model in rows]
+                            # A kind the table no longer knows counts as it was stored.
+                            disruptive=known.disrupts if (known := find(kind)) is not None else stored)
+               for policy, kind, target, at, state, replicas, model, stored in rows]
     return GuardState(records=records)
 
 

@@ -196,6 +196,13 @@ CASES = [
          seen(view(K0, R.READY, 2, args=AT_32), view(K1), view(K2),
               samples={K0: readings(HALF, 1, itl=0.02), K1: readings(HALF, itl=0.02)}), JUDGE_AT, plan=JUDGED,
          plan_fields={"phase": "canary", "batch": {K0: 2}}),
+    Case("canary-whose-readings-stopped-is-rolled-back-after-window-and-deadline", LOWER,
+         seen(view(K0, R.READY, 2, args=AT_32), view(K1), view(K2),
+              samples={K0: readings(HALF, 1, itl=0.02), K1: readings(HALF, itl=0.02)}),
+         T0 + MIN + DEFAULTS.canary_window + DEFAULTS.deadline, plan=JUDGED,
+         writes=(DesiredWrite(K0, list(AT_64)),), verdict=ActionState.ROLLED_BACK,
+         outcome=("could not be judged within 720s", "rolled back to --max-num-seqs 64"),
+         plan_fields={"phase": "rolled_back"}),
     Case("canary-passes-and-the-peers-that-need-it-follow-one-at-a-time", LOWER,
          seen(view(K0, R.READY, 2, args=AT_32), view(K1), view(K2), view(K3, args=AT_32),
               samples={K0: readings(HALF, itl=0.020, ttft=0.9, tps=95), K1: readings(HALF, itl=0.021, ttft=0.3),
@@ -319,7 +326,7 @@ def test_a_step_does_not_change_the_plan_it_was_given() -> None:
     (view(K0, R.STOPPED), None, "done"),
     (view(K0, R.READY), None, "pending"),
     (view(K0, R.DRAINING), None, "pending"),
-    (view(K0, R.FATAL), None, "fatal"),
+    (view(K0, R.FATAL), None, "pending"),  # the agent stops a FATAL replica it is told to drain
     (None, 2, "pending"),
     (view(K0, R.READY, 2), 2, "done"),
     (view(K0, R.READY, 3), 2, "done"),  # a later generation counts
@@ -332,6 +339,15 @@ def test_a_step_does_not_change_the_plan_it_was_given() -> None:
         "ready-later", "ready-older", "not-ready", "warming", "wedged", "fatal"])
 def test_progress(replica: ReplicaView | None, generation: int | None, expected: str) -> None:
     assert progress(replica, generation) == expected
+
+
+@pytest.mark.parametrize(("replica", "expected"), [
+    (view(K0, R.FATAL, 1), "pending"),  # reported before the agent took the restart that ends FATAL
+    (view(K0, R.FATAL, 2), "fatal"),  # the restart itself ended FATAL
+    (view(K0, R.READY, 2), "done"),
+])
+def test_a_restart_out_of_fatal_is_not_failed_by_the_fatal_it_ends(replica: ReplicaView, expected: str) -> None:
+    assert progress(replica, 2, was_fatal=True) == expected
 
 
 @pytest.mark.parametrize(("payload", "replicas", "expected"), [

@@ -71,27 +71,27 @@ def replica_target(name: str = "r0") -> Target:
 
 # One payload per kind, with its target and the output class the API serves it as.
 EXAMPLES: dict[ActionKind, tuple[BaseModel, Target, type[BaseModel]]] = {
-    ActionKind.RESTART: (p.RestartPayload(), replica_target(), records.RestartOut),
+    ActionKind.RESTART: (p.RestartPayload(), replica_target(), records.RestartActionOut),
     ActionKind.PLANNED_RESTART: (p.PlannedRestartPayload(within_seconds=1800, not_before=T0 + timedelta(minutes=20),
                                                          deadline=T0 + timedelta(minutes=30)),
-                                 replica_target(), records.PlannedRestartOut),
-    ActionKind.DRAIN: (p.DrainPayload(), replica_target(), records.DrainOut),
+                                 replica_target(), records.PlannedRestartActionOut),
+    ActionKind.DRAIN: (p.DrainPayload(), replica_target(), records.DrainActionOut),
     ActionKind.ROLLING_RESTART: (p.RollingRestartPayload(batch_size=2), Target(kind="model", model=MODEL),
-                                 records.RollingRestartOut),
+                                 records.RollingRestartActionOut),
     ActionKind.SET_FLAGS: (p.SetFlagsPayload(engine_args={"gpu-a/r0": ["--max-num-seqs", "32"]}), replica_target(),
-                           records.SetFlagsOut),
+                           records.SetFlagsActionOut),
     ActionKind.LOWER_MAX_NUM_SEQS: (p.MaxNumSeqsPayload(kind="lower_max_num_seqs", max_num_seqs=32, previous=64,
                                                         canary=True, judge=p.Judge(latencies=["itl_p99_seconds"])),
-                                    replica_target(), records.MaxNumSeqsOut),
+                                    replica_target(), records.MaxNumSeqsActionOut),
     ActionKind.RAISE_MAX_NUM_SEQS: (p.MaxNumSeqsPayload(kind="raise_max_num_seqs", max_num_seqs=128, previous=64),
-                                    Target(kind="model", model=MODEL), records.MaxNumSeqsOut),
+                                    Target(kind="model", model=MODEL), records.MaxNumSeqsActionOut),
     ActionKind.ADD_ENGINE_FLAG: (p.AddEngineFlagPayload(flag="--enable-chunked-prefill", rung=1, max_num_seqs=64,
                                                         canary=True, judge=p.Judge(baseline="same_args")),
-                                 replica_target(), records.AddEngineFlagOut),
+                                 replica_target(), records.AddEngineFlagActionOut),
     ActionKind.CORDON: (p.CordonPayload(kind="cordon", scope="gpu", gpu=3),
-                        Target(kind="gpu", node="gpu-a", gpu=3), records.CordonOut),
-    ActionKind.UNCORDON: (p.CordonPayload(kind="uncordon"), Target(kind="node", node="gpu-a"), records.CordonOut),
-    ActionKind.ALERT: (p.AlertPayload(severity="page", governed=True), replica_target(), records.AlertOut),
+                        Target(kind="gpu", node="gpu-a", gpu=3), records.CordonActionOut),
+    ActionKind.UNCORDON: (p.CordonPayload(kind="uncordon"), Target(kind="node", node="gpu-a"), records.CordonActionOut),
+    ActionKind.ALERT: (p.AlertPayload(severity="page", governed=True), replica_target(), records.AlertActionOut),
 }
 
 
@@ -281,7 +281,7 @@ def test_a_corrupt_running_rollout_fails_and_the_other_rollout_advances(session:
     row = session.get(ActionRow, bad)
     assert row is not None and "rollout.phase" in row.outcome
     out = records.get_action(session=session, action_id=good)
-    assert isinstance(out, records.RollingRestartOut) and out.params.rollout is not None
+    assert isinstance(out, records.RollingRestartActionOut) and out.params.rollout is not None
     assert out.params.rollout.batch == {"gpu-a/r2": 2}, "the healthy rollout started its batch"
 
 
@@ -289,10 +289,10 @@ def test_a_corrupt_action_reads_back_as_unreadable_with_its_problem(session: Ses
     action_id = approved(session, p.SetFlagsPayload(engine_args={"gpu-a/r0": ["--max-num-seqs", "32"]}))
     corrupt(session, action_id, '{"engine_args": "not a dict"}')
     out = records.get_action(session=session, action_id=action_id)
-    assert isinstance(out, records.UnreadableOut)
+    assert isinstance(out, records.UnreadableActionOut)
     assert out.kind == "set_flags" and out.params == {"engine_args": "not a dict"}
     assert "engine_args" in out.problem and out.state == S.APPROVED
-    assert [type(a) for a in records.list_actions(session=session)] == [records.UnreadableOut]
+    assert [type(a) for a in records.list_actions(session=session)] == [records.UnreadableActionOut]
 
 
 # --- the API ---------------------------------------------------------------------------------------------------
@@ -362,3 +362,40 @@ def test_openapi_documents_each_kinds_payload(client: TestClient) -> None:
     # The list is documented the same way.
     listed = schema["paths"]["/v1/actions"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
     assert listed["items"]["anyOf"] == variants
+
+
+# --- what the store's edge must survive ------------------------------------------------------------------------
+
+def test_a_restart_out_of_fatal_waits_for_the_new_generation_instead_of_failing(session: Session) -> None:
+    # An operator's restart is the way out of FATAL: the report that still says FATAL at the old generation
+    # predates the agent taking the restart, and must not fail it.
+    converge(session, "r0", 1, ReplicaState.FATAL, exit_code=1)
+    action = approved(session, p.RestartPayload())
+    assert apply_action(session=session, action_id=action, now=T0)
+    assert reconcile(session=session, now=T0 + timedelta(seconds=2), deadline=DEADLINE) == {}
+    converge(session, "r0", 2)
+    assert reconcile(session=session, now=T0 + timedelta(seconds=30), deadline=DEADLINE) == {action: "succeeded"}
+
+
+def test_a_restart_that_itself_ends_fatal_fails(session: Session) -> None:
+    action = approved(session, p.RestartPayload())
+    assert apply_action(session=session, action_id=action, now=T0)
+    converge(session, "r0", 2, ReplicaState.FATAL, exit_code=1)
+    assert reconcile(session=session, now=T0 + timedelta(seconds=30), deadline=DEADLINE) == {action: "failed"}
+
+
+def test_a_row_of_a_kind_the_table_no_longer_knows_does_not_stop_operators(client: TestClient) -> None:
+    # An older control plane's kind, left by a downgrade or a hand edit: listed as unreadable, counted for the
+    # guardrails as it was stored, and operators' requests and the guard state still work.
+    with session_scope(_sessions(client)) as session:
+        _seed(session)
+        old = records.create(session=session, proposal=proposal(p.RestartPayload()), now=T0, state=S.PROPOSED,
+                             requested_by="test", policy="old-policy", guardrails=[]).id
+        session.execute(text("UPDATE actions SET kind = 'set_max_num_seqs' WHERE id = :id"), {"id": old})
+    asked = client.post("/v1/replicas/gpu-a/r1/actions", json={"kind": "restart"})
+    assert asked.status_code == 201, asked.text
+    listed = {a["id"]: a for a in client.get("/v1/actions").json()}
+    assert "set_max_num_seqs" in listed[old]["problem"]
+    with session_scope(_sessions(client)) as session:
+        [record] = [r for r in records.guard_state(session=session, now=T0).records if r.policy == "old-policy"]
+        assert record.disruptive  # as stored: a restart's row
