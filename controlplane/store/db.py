@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -65,13 +65,22 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 def migrate(engine: Engine, revision: str = "head") -> None:
     """Bring the database to ``revision`` with Alembic (idempotent: an up-to-date database is left alone)."""
+    _alembic(engine, command.upgrade, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Take the database back to ``revision`` (what an older Pitstop expects), migrations' downgrades in turn."""
+    _alembic(engine, command.downgrade, revision)
+
+
+def _alembic(engine: Engine, step: Callable[[AlembicConfig, str], None], revision: str) -> None:
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
+        if connection.dialect.name == "postgresql":  # one migrating process at a time
             connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID})
         cfg.attributes["connection"] = connection
-        command.upgrade(cfg, revision)
+        step(cfg, revision)
 
 
 def head_revision() -> str:

@@ -16,14 +16,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config as AlembicConfig
 from sqlalchemy import Engine, inspect
 
 from controlplane.policy import payloads as p
 from controlplane.policy.lifecycle import ActionState, check_transition
 from controlplane.policy.payloads import parse_payload, payload_json
-from controlplane.store.db import MIGRATIONS_DIR, current_revision, make_engine, migrate
+from controlplane.store.db import MIGRATIONS_DIR, current_revision, downgrade, make_engine, migrate
 
 T0 = datetime(2026, 11, 29, 12, 0, 0)  # stored naive, as DateTime columns hold it
 ISO = "2026-11-29T12:00:05+00:00"
@@ -205,14 +203,6 @@ def old_rows() -> dict[str, Old]:
     }
 
 
-def _downgrade(engine: Engine, revision: str) -> None:
-    cfg = AlembicConfig()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.begin() as connection:
-        cfg.attributes["connection"] = connection
-        command.downgrade(cfg, revision)
-
-
 @pytest.fixture
 def engine(db_url: str) -> Iterator[Engine]:
     engine = make_engine(db_url)
@@ -298,7 +288,7 @@ def test_0007_types_every_old_shape_gives_each_row_a_trail_and_goes_back_down(en
     assert typed.rollout is not None and typed.rollout.canary_verdict is not None
     assert typed.rollout.baseline == ["gpu-b/r0"]
 
-    _downgrade(engine, "0006")
+    downgrade(engine, "0006")
     assert current_revision(engine) == "0006"
     assert "action_transitions" not in inspect(engine).get_table_names()
     down = {name: _rows(engine)[ids[name]]["params"] for name in rows}

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from alembic import command
-from alembic.config import Config as AlembicConfig
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import inspect, text
 
-from controlplane.store.db import MIGRATIONS_DIR, current_revision, head_revision, make_engine, migrate
+from controlplane.store.db import current_revision, downgrade, head_revision, make_engine, migrate
 
 NEW_TABLES = {"actions", "audit_log", "alerts", "notification_deliveries", "api_tokens"}
 
@@ -43,14 +41,6 @@ def test_up_from_the_previous_revision_keeps_the_fleet(db_url: str) -> None:
         engine.dispose()
 
 
-def _downgrade(engine: Engine, revision: str) -> None:
-    cfg = AlembicConfig()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.begin() as connection:
-        cfg.attributes["connection"] = connection
-        command.downgrade(cfg, revision)
-
-
 def test_0006_adds_gpu_cordons_and_stack_dump_asks_and_goes_back_down(db_url: str) -> None:
     engine = make_engine(db_url)
     try:
@@ -70,7 +60,7 @@ def test_0006_adds_gpu_cordons_and_stack_dump_asks_and_goes_back_down(db_url: st
                 == (3, None)
             conn.execute(text("UPDATE nodes SET cordoned_gpus = '[3]'"))
             conn.execute(text("UPDATE desired_replicas SET capture_stack_generation = 3"))
-        _downgrade(engine, "0005")
+        downgrade(engine, "0005")
         assert current_revision(engine) == "0005"
         assert "cordoned_gpus" not in {c["name"] for c in inspect(engine).get_columns("nodes")}
         assert "capture_stack_generation" not in {c["name"] for c in inspect(engine).get_columns("desired_replicas")}
