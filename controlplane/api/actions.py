@@ -22,6 +22,7 @@ from controlplane.api.context import (
     require_operator,
     require_reader,
 )
+from controlplane.policy.kinds import spec
 from controlplane.policy.lifecycle import ActionState
 from controlplane.remediation import records
 from controlplane.remediation.executor import apply_action
@@ -33,7 +34,7 @@ from controlplane.remediation.operator import (
     propose_replica_action,
 )
 from controlplane.remediation.records import ActionOut, AnyActionOut
-from controlplane.security.roles import Principal, Role
+from controlplane.security.roles import Principal, Role, role_allows
 from controlplane.store.db import session_scope
 from controlplane.store.models import ActionRow
 
@@ -51,6 +52,15 @@ StateFilter = Annotated[ActionState | None, Query()]
 def _check_force(who: Principal, force: bool) -> None:
     if force and not who.anonymous and who.role is not Role.ADMIN:
         raise HTTPException(403, "force bypasses the guardrails and needs an admin token")
+
+
+def _check_kind(who: Principal, kind: str) -> None:
+    """The table of kinds says which role may ask for each kind (none: only the policies propose it)."""
+    needed = spec(kind).operator_role
+    if needed is None:
+        raise HTTPException(403, f"{kind} is proposed by the policies only")
+    if not who.anonymous and not role_allows(who.role, needed):
+        raise HTTPException(403, f"{kind} needs the {needed.value} role")
 
 
 def _apply_now(ctx: AppContext, action_id: int) -> AnyActionOut | None:
@@ -74,6 +84,7 @@ async def _finish(ctx: AppContext, row: ActionRow, request: Request, who: Princi
                         404: {"description": "no such replica"}})
 async def act_on_replica(node: str, name: str, body: ReplicaActionRequest, request: Request, ctx: Ctx,
                          who: Operator) -> AnyActionOut:
+    _check_kind(who, body.kind)
     _check_force(who, body.force)
 
     def propose() -> ActionRow:
@@ -92,6 +103,7 @@ async def act_on_replica(node: str, name: str, body: ReplicaActionRequest, reque
              responses={403: {"description": "role too low, or force without admin"},
                         404: {"description": "no such node"}})
 async def act_on_node(node: str, body: NodeActionRequest, request: Request, ctx: Ctx, who: Operator) -> AnyActionOut:
+    _check_kind(who, body.kind)
     _check_force(who, body.force)
 
     def propose() -> ActionRow:

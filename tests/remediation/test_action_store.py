@@ -399,3 +399,17 @@ def test_a_row_of_a_kind_the_table_no_longer_knows_does_not_stop_operators(clien
     with session_scope(_sessions(client)) as session:
         [record] = [r for r in records.guard_state(session=session, now=T0).records if r.policy == "old-policy"]
         assert record.disruptive  # as stored: a restart's row
+
+
+def test_the_operator_api_asks_the_table_who_may_request_a_kind() -> None:
+    from fastapi import HTTPException
+
+    from controlplane.api.actions import _check_kind
+    from controlplane.security.roles import Principal, Role
+
+    operator, viewer = Principal("ops", Role.OPERATOR), Principal("look", Role.VIEWER)
+    _check_kind(operator, "drain")  # an operator's kind: allowed
+    for who, kind, words in ((operator, "lower_max_num_seqs", "policies only"), (viewer, "restart", "operator role")):
+        with pytest.raises(HTTPException) as refused:
+            _check_kind(who, kind)
+        assert refused.value.status_code == 403 and words in str(refused.value.detail)
