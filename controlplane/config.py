@@ -14,6 +14,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from controlplane.notify.config import ExternalUrl, NotifierConfig, external_url_problem
+from controlplane.policy.loader import locate
+
 ENV_PREFIX = "PITSTOP_SERVER_"
 DEFAULT_DATABASE_URL = "sqlite:///.pitstop/pitstop.db"
 
@@ -25,7 +28,8 @@ class ConfigError(ValueError):
 class ServerConfig(BaseModel):
     """Everything ``create_app`` and ``pitstop server`` need to know."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Inputs stay out of error messages: a mistyped key may hold a secret.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -45,6 +49,10 @@ class ServerConfig(BaseModel):
     leader_poll_seconds: float = Field(default=2.0, gt=0)
     # The leader applies approved actions and reconciles running ones this often.
     executor_interval_seconds: float = Field(default=2.0, gt=0)
+    # The leader queues due alert groups and sends the outbox this often.
+    notify_interval_seconds: float = Field(default=1.0, gt=0)
+    # Where the runbooks are published (notifications link a policy's relative runbook_url under it).
+    runbook_base_url: str | None = None
     # A running action whose replica is not READY at the desired generation by then has failed.
     action_deadline_seconds: float = Field(default=600.0, gt=0)
     # A proposal nobody approved or rejected for this long expires: its evidence is stale by then, and an
@@ -96,6 +104,10 @@ class ServerConfig(BaseModel):
     # Tells agents how often to report; None leaves it to the agent's own setting.
     report_interval_seconds: float | None = Field(default=None, gt=0)
     events_limit: int = Field(default=200, gt=0, le=10_000)
+    # The console's base URL as on-call reaches it: notifications link to actions and runbooks under it.
+    external_url: ExternalUrl | None = None
+    # Receivers and the route tree of on-call notifications (controlplane/notify/config.py); empty: none sent.
+    notifier: NotifierConfig = Field(default_factory=NotifierConfig)
 
     @field_validator("database_url")
     @classmethod
@@ -108,6 +120,13 @@ class ServerConfig(BaseModel):
     def _tls_pair(self) -> ServerConfig:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
+        return self
+
+    @model_validator(mode="after")
+    def _links_need_a_base(self) -> ServerConfig:
+        problem = external_url_problem(self.external_url, self.notifier)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @field_validator("guardrails")
@@ -145,11 +164,23 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _describe(exc: ValidationError, origin: str) -> str:
+def _describe(exc: ValidationError, origin: str, text: str | None = None) -> str:
+    """One line per problem naming where and what; with the file's ``text``, its line too."""
+    root = None
+    if text is not None:
+        try:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError:
+            root = None
     problems = []
     for err in exc.errors():
+        message = str(err["msg"]).removeprefix("Value error, ")
+        if root is not None and err["loc"]:
+            line, field = locate(root, err["loc"])
+            problems.append(f"{origin}:{line}: field {field!r}: {message}")
+            continue
         field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        problems.append(f"{origin}: field {field!r}: {err['msg']}")
+        problems.append(f"{origin}: field {field!r}: {message}")
     return "\n".join(problems)
 
 
@@ -177,7 +208,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     try:
         ServerConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, origin)) from exc
+        raise ConfigError(_describe(exc, origin, text if path is not None else None)) from exc
     data.update(overrides)
     try:
         return ServerConfig.model_validate(data)

@@ -14,16 +14,22 @@ never share this process's interpreter lock with the report path; embedded apps 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+import httpx
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.config import ServerConfig
+from controlplane.config import ConfigError, ServerConfig
 from controlplane.heap import HeapFreezer
 from controlplane.leader import Leadership
+from controlplane.notify import notifier
+from controlplane.notify.config import NotifierConfigError, ResolvedNotifier, read_secret_file, resolve_secrets
+from controlplane.notify.notifier import Links
+from controlplane.notify.outbox import send_due
 from controlplane.policy.guardrails import GuardConfig
 from controlplane.policy.rollout import RolloutSettings
 from controlplane.policy_process import PolicyProcess
@@ -35,6 +41,14 @@ from controlplane.rounds import PolicyHook, PolicyRounds
 from controlplane.store.db import session_scope
 
 log = logging.getLogger(__name__)
+
+
+def notifier_settings(config: ServerConfig) -> ResolvedNotifier:
+    """The receivers with their secrets read from where the config says (files, the environment)."""
+    try:
+        return resolve_secrets(config.notifier, os.environ, read_secret_file)
+    except NotifierConfigError as exc:
+        raise ConfigError("\n".join(exc.errors)) from exc
 
 
 def rollout_settings(config: ServerConfig) -> RolloutSettings:
@@ -49,7 +63,8 @@ class Jobs:
     def __init__(self, *, sessions: sessionmaker[Session], leadership: Leadership, config: ServerConfig,
                  clock: Callable[[], datetime], on_leadership: Callable[[bool], None] = lambda _: None,
                  policy_hook: PolicyHook | None = None, on_round: Callable[[float], None] = lambda _: None,
-                 heap: HeapFreezer | None = None, policy_process: PolicyProcess | None = None) -> None:
+                 heap: HeapFreezer | None = None, policy_process: PolicyProcess | None = None,
+                 on_notified: Callable[[str, str, int], None] = lambda *_: None) -> None:
         self._sessions = sessions
         self._leadership = leadership
         self._config = config
@@ -67,6 +82,11 @@ class Jobs:
         self.guard_config = self.rounds.guard_config
         self.rollout = rollout_settings(config)
         self._poke_lock = threading.Lock()
+        self.notifier = notifier_settings(config)
+        self._links = Links(external_url=config.external_url or "", runbook_base_url=config.runbook_base_url)
+        self._receivers = notifier.receivers(self.notifier)
+        self._on_notified = on_notified
+        self._http: httpx.Client | None = None
 
     @property
     def last_round(self) -> RoundResult | None:
@@ -95,6 +115,20 @@ class Jobs:
                                  settings=self.rollout)
         if applied or finished:
             log.info("executor: applied %s, finished %s", applied, finished)
+
+    def notify(self) -> None:
+        """Queue the alert groups that are due, then send what the outbox has due (leader only)."""
+        if not self._leadership.is_leader or not self._receivers:
+            return
+        with session_scope(self._sessions) as session:
+            queued = notifier.queue(session=session, notifier=self.notifier, links=self._links, now=self._clock())
+        if queued:
+            log.info("notifier: queued deliveries %s", queued)
+        if self._http is None:
+            self._http = httpx.Client()
+        for (receiver, outcome), n in send_due(sessions=self._sessions, receivers=self._receivers,
+                                                client=self._http, now=self._clock).items():
+            self._on_notified(receiver, outcome, n)
 
     def retention(self) -> None:
         if self._leadership.is_leader:
@@ -132,7 +166,8 @@ class Jobs:
         first = datetime.now(UTC)
         c = self._config
         jobs: list[tuple[Callable[[], object], float]] = [(self.elect, c.leader_poll_seconds),
-                                                          (self.execute, c.executor_interval_seconds)]
+                                                          (self.execute, c.executor_interval_seconds),
+                                                          (self.notify, c.notify_interval_seconds)]
         if self.process is None:
             jobs.append((self.evaluate, c.policy_interval_seconds))
         for job, seconds in jobs:
@@ -146,6 +181,8 @@ class Jobs:
     def stop(self) -> None:
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
+        if self._http is not None:
+            self._http.close()
         if self.process is not None:
             self.process.stop()
         self._leadership.release()

@@ -11,8 +11,16 @@ from sqlalchemy.orm import Session
 
 from agent.wire import NAME_PATTERN
 from controlplane import audit
-from controlplane.alerts import AlertOut, list_alerts
-from controlplane.api.context import AppContext, client_address, get_context, get_session, require_admin, require_reader
+from controlplane.alerts import AlertDetailOut, AlertOut, get_alert, list_alerts, resolve_by_hand
+from controlplane.api.context import (
+    AppContext,
+    client_address,
+    get_context,
+    get_session,
+    require_admin,
+    require_operator,
+    require_reader,
+)
 from controlplane.security import tokens
 from controlplane.security.roles import Principal, Role
 
@@ -98,3 +106,31 @@ def audit_log(session: Db, _: Admin, actor: str | None = None,
 def alerts(session: Db, state: Annotated[str | None, Query(pattern="^(firing|resolved)$")] = None,
            limit: Annotated[int, Query(ge=1, le=10_000)] = 200) -> list[AlertOut]:
     return list_alerts(session=session, state=state, limit=limit)
+
+
+@router.get("/alerts/{alert_id}", response_model=AlertDetailOut, dependencies=[Depends(require_reader)],
+            summary="One alert with every notification that carried it, per receiver",
+            responses={404: {"description": "no such alert"}})
+def alert(alert_id: RowId, session: Db) -> AlertDetailOut:
+    found = get_alert(session=session, alert_id=alert_id)
+    if found is None:
+        raise HTTPException(404, f"no alert {alert_id}")
+    return found
+
+
+@router.post("/alerts/{alert_id}/resolve", response_model=AlertDetailOut,
+             summary="Resolve a firing alert by hand (operator; audited); its receivers are told",
+             responses={404: {"description": "no such alert"}, 409: {"description": "not firing"}})
+def resolve_alert(alert_id: RowId, request: Request, ctx: Ctx, session: Db,
+                  who: Annotated[Principal, Depends(require_operator)]) -> AlertDetailOut:
+    now = ctx.clock()
+    if get_alert(session=session, alert_id=alert_id) is None:
+        raise HTTPException(404, f"no alert {alert_id}")
+    if not resolve_by_hand(session=session, alert_id=alert_id, by=who.name, now=now):
+        raise HTTPException(409, f"alert {alert_id} is not firing")
+    audit.record(session=session, who=who, what="alert.resolve", target=f"alert:{alert_id}", now=now,
+                 client=client_address(request))
+    session.commit()
+    found = get_alert(session=session, alert_id=alert_id)
+    assert found is not None
+    return found

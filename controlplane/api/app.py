@@ -56,7 +56,9 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
         process = PolicyProcess(config, on_round=ctx.telemetry.policy_round_seconds.observe, log_level=log_level)
     jobs = Jobs(sessions=sessions, leadership=ctx.leadership, config=config, clock=clock,
                 on_leadership=lambda leads: ctx.telemetry.leader.set(1 if leads else 0), policy_hook=policy_hook,
-                on_round=ctx.telemetry.policy_round_seconds.observe, heap=heap, policy_process=process)
+                on_round=ctx.telemetry.policy_round_seconds.observe, heap=heap, policy_process=process,
+                on_notified=lambda receiver, outcome, n: ctx.telemetry.notifications.labels(
+                    receiver=receiver, outcome=outcome).inc(n))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

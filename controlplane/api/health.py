@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.context import AppContext, get_context
 from controlplane.fleet.queries import count_nodes_by_status
+from controlplane.notify.outbox import backlog
 from controlplane.store.db import ping, session_scope
 from controlplane.store.models import ActionRow
 
@@ -40,8 +41,11 @@ def _refresh_gauges(ctx: AppContext) -> None:
                                   .group_by(ActionRow.kind, ActionRow.state)).all()
     for status, count in counts.items():
         ctx.telemetry.nodes.labels(status=status.value).set(count)
+        pending, oldest = backlog(session, ctx.clock())
     for kind, state, n in actions:
         ctx.telemetry.actions.labels(kind=kind, state=state).set(n)
+    ctx.telemetry.notifications_pending.set(pending)
+    ctx.telemetry.notification_oldest_pending.set(oldest)
 
 
 @router.get("/metrics", summary="Prometheus metrics of the control plane itself")

@@ -21,6 +21,7 @@ from controlplane.api.context import (
 from controlplane.jobs import Jobs
 from controlplane.policy.explain import ExplainReport, explain
 from controlplane.remediation import breaker
+from controlplane.remediation.alerting import resolve_breaker_page
 from controlplane.remediation.breaker import BreakerOut
 from controlplane.remediation.records import guard_state
 from controlplane.remediation.snapshot import build_snapshot
@@ -92,6 +93,7 @@ def reset_breaker(request: Request, ctx: Ctx, session: Db,
     now = ctx.clock()
     before = breaker.read(session=session)
     out = breaker.reset(session=session, by=who.name, now=now)
+    resolve_breaker_page(session=session, now=now, by=who.name)
     audit.record(session=session, who=who, what="breaker.reset", target="fleet", now=now,
                  client=client_address(request),
                  detail={"was_tripped": before.tripped, "reason": before.reason})

@@ -56,6 +56,18 @@ class Telemetry:
             "pitstop_cp_report_backlog", "Agent reports received and not yet written (updated on each scrape).",
             registry=self.registry,
         )
+        self.notifications = Counter(
+            "pitstop_cp_notifications_total", "Notification attempts by receiver and outcome (sent; pending: to be "
+            "retried; failed: given up).", ["receiver", "outcome"], registry=self.registry,
+        )
+        self.notifications_pending = Gauge(
+            "pitstop_cp_notifications_pending", "Notifications in the outbox not yet sent (updated on each scrape).",
+            registry=self.registry,
+        )
+        self.notification_oldest_pending = Gauge(
+            "pitstop_cp_notification_oldest_pending_seconds", "How long the oldest unsent notification has waited "
+            "(0 with none; updated on each scrape).", registry=self.registry,
+        )
         for reason in REJECT_REASONS:
             self.reports_rejected.labels(reason=reason)
 

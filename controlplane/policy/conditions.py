@@ -19,6 +19,13 @@ Op = Literal[">", ">=", "<", "<="]
 class _Condition(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
+    @property
+    def clear_after(self) -> float:
+        """How long the condition must stay false before its alert resolves: its ``for:``, else at once (the
+        detectors without one already look back over their own window)."""
+        held = getattr(self, "for_", None)
+        return float(held) if held is not None else 0.0
+
 
 class ThresholdCondition(_Condition):
     """A signal on the other side of a threshold in every sample of the last ``for`` (or in ``min_share`` of

@@ -1,21 +1,31 @@
-"""Alerts raised by remediation: an alert row with the evidence, and a pending delivery for the notifier.
+"""Alerts raised by remediation, and their lifecycle: fire, stay one alert while firing, resolve when clear.
 
-The notifier (webhook outbox) delivers pending rows; until it runs, the alert is on record and visible in
-``GET /v1/alerts`` and the console, with the action that raised it.
+An alert action (a policy's ``alert``, its ``notify``, the breaker's page) fires an alert row identified by its
+labels' fingerprint; while that alert fires, a repeat only refreshes it (its latest action, evidence and
+``last_seen_at``). Every policy round ``sync`` resolves what cleared: a policy's alert once the policy stopped
+proposing it for its condition's ``for:`` (``clear_after``), an alert on a replica that is gone, or on a policy
+no longer loaded. The breaker's page resolves when an operator resets the breaker. A breach that comes back
+after resolving is a new alert, and pages again. Delivery is the notifier's (``controlplane/notify``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.policy.payloads import AlertPayload
-from controlplane.store.models import ActionRow, AlertRow, NotificationDelivery
+from controlplane.policy.policy import Policy
+from controlplane.policy.proposals import ProposedAction
+from controlplane.policy.snapshot import FleetSnapshot
+from controlplane.store.models import ActionRow, AlertRow
 
-RECEIVER = "default"
+FIRING, RESOLVED = "firing", "resolved"
+BREAKER_POLICY = "circuit-breaker"
 
 
 def fingerprint(labels: dict[str, str]) -> str:
@@ -25,21 +35,81 @@ def fingerprint(labels: dict[str, str]) -> str:
 
 def raise_alert(*, session: Session, action: ActionRow, payload: AlertPayload, now: datetime,
                 summary: str | None = None) -> AlertRow:
-    """Record a firing alert for ``action`` and queue its delivery (status ``pending``)."""
+    """Fire the alert of ``action``, or refresh it while the same alert (same labels) still fires."""
     severity = payload.severity
     labels = {"alertname": f"pitstop-{action.policy or 'operator'}", "target": action.target,
               "severity": severity}
     if action.model:
         labels["model"] = action.model
+    if action.node:
+        labels["node"] = action.node
+    if action.replica:
+        labels["replica"] = action.replica
     annotations: dict[str, Any] = {
         "summary": summary or action.reason, "action_id": action.id, "evidence": list(action.evidence),
         "runbook_url": payload.runbook_url,
     }
-    alert = AlertRow(fingerprint=fingerprint(labels), labels=labels, annotations=annotations, severity=severity,
-                     state="firing", starts_at=now, ends_at=None, action_id=action.id, updated_at=now)
+    key = fingerprint(labels)
+    firing = session.scalars(select(AlertRow).where(AlertRow.fingerprint == key, AlertRow.state == FIRING)
+                             .order_by(AlertRow.id.desc()).limit(1)).first()
+    if firing is not None:
+        firing.annotations, firing.action_id = annotations, action.id
+        firing.last_seen_at = firing.updated_at = now
+        session.flush()
+        return firing
+    alert = AlertRow(fingerprint=key, labels=labels, annotations=annotations, severity=severity, state=FIRING,
+                     starts_at=now, ends_at=None, action_id=action.id, updated_at=now, last_seen_at=now,
+                     policy=action.policy, resolved_reason="")
     session.add(alert)
     session.flush()
-    session.add(NotificationDelivery(alert_id=alert.id, receiver=RECEIVER, attempt=1, status="pending",
-                                     response_code=None, error="", created_at=now, next_retry_at=now))
-    session.flush()
     return alert
+
+
+def resolve(*, alert: AlertRow, now: datetime, reason: str) -> None:
+    alert.state, alert.ends_at, alert.updated_at, alert.resolved_reason = RESOLVED, now, now, reason
+
+
+def sync(*, session: Session, proposals: Sequence[ProposedAction], snapshot: FleetSnapshot,
+         policies: Mapping[str, Policy], now: datetime) -> list[int]:
+    """Refresh the alerts the policies still propose and resolve the ones that cleared; the ids resolved.
+
+    ``proposals`` are every action the policies propose this round, before the guardrails: an alert held
+    back by its cooldown still holds.
+    """
+    active = {(a.policy, a.target.key) for a in proposals if isinstance(a.payload, AlertPayload)}
+    replicas = {f"replica:{r.key}" for r in snapshot.replicas}
+    resolved = []
+    for alert in session.scalars(select(AlertRow).where(AlertRow.state == FIRING)):
+        target = str(alert.labels.get("target", ""))
+        policy = alert.policy
+        if policy is None or policy == BREAKER_POLICY:
+            continue  # an operator resolves these (the breaker's page: by resetting the breaker)
+        if (policy, target) in active:
+            alert.last_seen_at = now
+            continue
+        why = _cleared(policies.get(policy), alert, target, replicas, now)
+        if why is not None:
+            resolve(alert=alert, now=now, reason=why)
+            resolved.append(alert.id)
+    session.flush()
+    return resolved
+
+
+def _cleared(policy: Policy | None, alert: AlertRow, target: str, replicas: set[str], now: datetime) -> str | None:
+    if target.startswith("replica:") and target not in replicas:
+        return f"{target.removeprefix('replica:')} is gone"
+    if policy is None or not policy.enabled:
+        return f"policy {alert.policy} is no longer running"
+    clear = timedelta(seconds=policy.condition.clear_after)
+    seen = alert.last_seen_at or alert.starts_at
+    if now - seen >= clear:
+        return f"{policy.name}'s condition clear for {clear.total_seconds():g}s"
+    return None
+
+
+def resolve_breaker_page(*, session: Session, now: datetime, by: str) -> list[int]:
+    """The breaker was reset: its page resolves."""
+    pages = list(session.scalars(select(AlertRow).where(AlertRow.state == FIRING, AlertRow.policy == BREAKER_POLICY)))
+    for alert in pages:
+        resolve(alert=alert, now=now, reason=f"circuit breaker reset by {by}")
+    return [a.id for a in pages]

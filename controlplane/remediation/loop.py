@@ -23,7 +23,7 @@ from controlplane.policy.payloads import AlertPayload, PlannedRestartPayload
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target
 from controlplane.policy.snapshot import split_key
-from controlplane.remediation import breaker
+from controlplane.remediation import alerting, breaker
 from controlplane.remediation.alerting import raise_alert
 from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.planning import plan_restart, restart_deadline
@@ -40,6 +40,7 @@ class RoundResult:
     recorded: list[int] = field(default_factory=list)
     skipped_open: int = 0
     breaker_tripped: str | None = None
+    resolved: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -119,6 +120,10 @@ def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_
     snapshot = build_snapshot(session=session, now=now, history=history, samples=samples)
     proposed = evaluate(policies, snapshot, now)
     result.proposed = len(proposed)
+    by_name = {p.name: p for p in policies}
+    # Alerts the policies still propose hold; the ones they stopped proposing resolve once clear long enough.
+    result.resolved = alerting.sync(session=session, proposals=proposed, snapshot=snapshot, policies=by_name,
+                                    now=now)
     if not proposed:
         return result
     still_open = _open_actions(session)
@@ -133,7 +138,6 @@ def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_
     window = timedelta(seconds=max(3600.0, guard_config.breaker_window, guard_config.rate_window))
     state = breaker.with_breaker(guard_state(session=session, now=now, window=window),
                                  breaker.read(session=session))
-    by_name = {p.name: p for p in policies}
     guarded = decide(fresh, state, snapshot, now, by_name, guard_config)
     if guarded.breaker_trip is not None:
         _trip(session, guarded.breaker_trip, now)

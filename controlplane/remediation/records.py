@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session
 
 from controlplane.policy import payloads as p
 from controlplane.policy.guardrails import STATE_OF, ActionRecord, Decision, GuardState
-from controlplane.policy.kinds import find
+from controlplane.policy.kinds import ActionKind, find
 from controlplane.policy.lifecycle import ActionState, check_transition
 from controlplane.policy.payloads import CorruptPayload, Payload, parse_payload, payload_json
 from controlplane.policy.proposals import ProposedAction
-from controlplane.store.models import ActionRow, ActionTransitionRow
+from controlplane.store.models import ActionRow, ActionTransitionRow, AlertRow
 
 S = ActionState
 # Who wrote the states the executor owns, in the trail.
@@ -232,11 +232,19 @@ def guard_state(*, session: Session, now: datetime, window: timedelta = timedelt
                                   ActionRow.state, ActionRow.replicas, ActionRow.model, ActionRow.disruptive)
                            .where(ActionRow.created_at >= now - window)
                            .order_by(ActionRow.created_at, ActionRow.id))
+    # An alert's cooldown keeps a firing alert from paging twice; once that alert resolved, the next breach is
+    # a new alert and must page, so alert actions from before its resolution no longer count.
+    cleared: dict[tuple[str | None, str], datetime] = {}
+    for policy, labels, ends_at in session.execute(select(AlertRow.policy, AlertRow.labels, AlertRow.ends_at).where(
+            AlertRow.state == "resolved", AlertRow.ends_at >= now - window)):
+        key = (policy, str(labels.get("target", "")))
+        cleared[key] = max(cleared.get(key, ends_at), ends_at)
     records = [ActionRecord(policy=policy or "operator", kind=kind, target=target, at=at,
                             status=ActionState(state), replicas=list(replicas), model=model,
                             # A kind the table no longer knows counts as it was stored.
                             disruptive=known.disrupts if (known := find(kind)) is not None else stored)
-               for policy, kind, target, at, state, replicas, model, stored in rows]
+               for policy, kind, target, at, state, replicas, model, stored in rows
+               if not (kind == ActionKind.ALERT and at <= cleared.get((policy, target), at - timedelta(1)))]
     return GuardState(records=records)
 
 

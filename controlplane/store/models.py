@@ -203,6 +203,8 @@ class AuditEntry(Base):
 
 
 class AlertRow(Base):
+    """One alert, from firing to resolved; a breach that returns after resolving is a new row."""
+
     __tablename__ = "alerts"
     __table_args__ = (UniqueConstraint("fingerprint", "starts_at"),)
 
@@ -216,13 +218,35 @@ class AlertRow(Base):
     ends_at: Mapped[datetime | None]
     action_id: Mapped[int | None] = mapped_column(ForeignKey("actions.id", ondelete="SET NULL"))
     updated_at: Mapped[datetime]
+    # The policy that raised it (None: an operator's), and when its condition last held.
+    policy: Mapped[str | None] = mapped_column(String(64), default=None)
+    last_seen_at: Mapped[datetime | None] = mapped_column(default=None)
+    resolved_reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class NotificationGroup(Base):
+    """What one receiver was last told about one alert group (its ``group_by`` label values)."""
+
+    __tablename__ = "notification_groups"
+    __table_args__ = (UniqueConstraint("receiver", "group_key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    receiver: Mapped[str] = mapped_column(String(128))
+    group_key: Mapped[str] = mapped_column(String(512))
+    group_labels: Mapped[dict[str, Any]]
+    last_sent_at: Mapped[datetime | None]
+    # {alert id: "firing" | "resolved"} as last told.
+    told: Mapped[dict[str, Any]]
 
 
 class NotificationDelivery(Base):
+    """The outbox: one notification to one receiver, sent (at least once) by the leader, retried until sent or
+    given up. ``notification`` is what to say, without secrets: the receiver's format renders it at send time."""
+
     __tablename__ = "notification_deliveries"
 
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
-    alert_id: Mapped[int] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), index=True)
+    alert_id: Mapped[int | None] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), index=True)
     receiver: Mapped[str] = mapped_column(String(128))
     attempt: Mapped[int] = mapped_column(default=1)
     status: Mapped[str] = mapped_column(String(16))  # pending | sent | failed
@@ -230,6 +254,12 @@ class NotificationDelivery(Base):
     error: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime]
     next_retry_at: Mapped[datetime | None] = mapped_column(index=True)
+    group_key: Mapped[str | None] = mapped_column(String(512), default=None)
+    reason: Mapped[str] = mapped_column(String(16), default="")  # new | resolved | repeat
+    notification: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # The alerts it carries, for ``GET /v1/alerts/{id}``'s deliveries.
+    alert_ids: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
+    sent_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class ApiToken(Base):
