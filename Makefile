@@ -37,11 +37,15 @@ real-vllm:
 demo: $(RUN_STAMP)
 	$(BIN)/pitstop demo
 
+# amtool comes with Debian's prometheus-alertmanager (`make deps`). It fails rather than skips when missing:
+# a config that was never checked would first be found broken by the Alertmanager loading it.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/check_payload_keys.py
+	@command -v amtool >/dev/null || { echo "amtool not found: run make deps (Debian package prometheus-alertmanager)"; exit 1; }
+	amtool check-config alerts/alertmanager.yml
 
 test: deps real-vllm lint
 	$(BIN)/pytest

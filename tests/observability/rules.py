@@ -18,6 +18,13 @@ from controlplane.api.telemetry import Telemetry
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "alerts" / "pitstop-rules.yml"
+# Rules carry absolute runbook links (clickable in Alertmanager and Grafana) under this documented base.
+RUNBOOK_BASE = "https://pitstop.example.internal/"
+
+
+def runbook_file(url: str) -> Path:
+    """The runbook in this repository an absolute runbook_url points at."""
+    return ROOT / url.removeprefix(RUNBOOK_BASE)
 RULE_TESTS = sorted((ROOT / "alerts" / "tests").glob("*.yml"))
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 

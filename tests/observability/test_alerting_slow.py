@@ -19,13 +19,14 @@ from tests.helpers import SteadyTraffic, free_port, http_ok, wait_until
 from tests.observability.conftest import StackProcesses
 from tests.observability.rules import (
     DASHBOARDS,
-    ROOT,
+    RUNBOOK_BASE,
     concrete,
     dashboard_exprs,
     dashboard_variable_exprs,
     load_rules,
     pitstop_series,
     recorded_names,
+    runbook_file,
 )
 from tests.observability.stack import (
     ALERTMANAGER,
@@ -145,11 +146,11 @@ def _alerts_arrive(receiver: WebhookReceiver, prom: str) -> None:
     assert stalled["labels"]["severity"] == "warning"
     assert stalled["labels"]["node"] == "obs-node"
     runbook = stalled["annotations"]["runbook_url"]
-    assert runbook == "runbooks/alerts/EngineStalled.md" and (ROOT / runbook).is_file()
+    assert runbook == f"{RUNBOOK_BASE}runbooks/alerts/EngineStalled.md" and runbook_file(runbook).is_file()
     description = stalled["annotations"]["description"]
     assert "Replica wedged of tiny on obs-node has generated no token for 2 minutes" in description
     hot = _received(receiver, "GPUHot", gpu="0")
-    assert hot is not None and (ROOT / hot["annotations"]["runbook_url"]).is_file()
+    assert hot is not None and runbook_file(hot["annotations"]["runbook_url"]).is_file()
 
     # The healthy engine's replica and the cool GPU raise nothing; the agent is up.
     names = {(a["labels"]["alertname"], a["labels"].get("replica"), a["labels"].get("gpu"))

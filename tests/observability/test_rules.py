@@ -14,6 +14,7 @@ from tests.observability.rules import (
     ROOT,
     RULE_TESTS,
     RULES,
+    RUNBOOK_BASE,
     alerts,
     alerts_expected_to_fire,
     dashboard_exprs,
@@ -21,6 +22,7 @@ from tests.observability.rules import (
     load_rules,
     pitstop_series,
     recorded_names,
+    runbook_file,
 )
 
 PROMTOOL = shutil.which("promtool")
@@ -88,9 +90,9 @@ def test_every_alert_has_for_severity_evidence_and_a_runbook_file() -> None:
         text = annotations.get("summary", "") + annotations.get("description", "")
         if "$value" not in text and "$labels" not in text:
             problems.append(f"{name}: annotations carry no evidence")
-        if annotations.get("runbook_url") != f"runbooks/alerts/{name}.md":
-            problems.append(f"{name}: runbook_url should be runbooks/alerts/{name}.md")
-        elif not (ROOT / annotations["runbook_url"]).is_file():
+        if annotations.get("runbook_url") != f"{RUNBOOK_BASE}runbooks/alerts/{name}.md":
+            problems.append(f"{name}: runbook_url should be {RUNBOOK_BASE}runbooks/alerts/{name}.md")
+        elif not runbook_file(annotations["runbook_url"]).is_file():
             problems.append(f"{name}: runbook {annotations['runbook_url']} missing")
     assert problems == []
 
