@@ -1,16 +1,22 @@
 """Alerts as stored (raised by policies' ``alert`` actions and ``notify``), with the notifications that
-carried them; an operator may resolve one by hand."""
+carried them; an operator may resolve one by hand.
+
+Each firing alert also says whether it is muted now, judged at read time as the notifier judges it:
+``silenced_by`` (the silences' ids) and ``inhibited_by`` (the causing alerts' ids, or a reason such as "node
+gpu-a is cordoned"). A muted alert is listed like any other; it is only not notified.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.notify.notifier import deliveries_of
+from controlplane.notify.notifier import deliveries_of, mutes
+from controlplane.notify.silencing import Muting
 from controlplane.remediation.alerting import FIRING, resolve
 from controlplane.store.models import AlertRow, NotificationDelivery
 
@@ -41,17 +47,22 @@ class AlertOut(BaseModel):
     policy: str | None = None
     last_seen_at: datetime | None = None
     resolved_reason: str = ""
+    # Muted now (firing alerts only): by these silences, and by these alerts (ids) or reasons.
+    silenced_by: list[int] = []
+    inhibited_by: list[int | str] = []
 
 
 class AlertDetailOut(AlertOut):
     deliveries: list[DeliveryOut]
 
 
-def _out(a: AlertRow) -> AlertOut:
+def _out(a: AlertRow, muting: Muting | None = None) -> AlertOut:
+    muting = muting or Muting()
     return AlertOut(id=a.id, fingerprint=a.fingerprint, labels=dict(a.labels), annotations=dict(a.annotations),
                     severity=a.severity, state=a.state, starts_at=a.starts_at, ends_at=a.ends_at,
                     action_id=a.action_id, policy=a.policy, last_seen_at=a.last_seen_at,
-                    resolved_reason=a.resolved_reason or "")
+                    resolved_reason=a.resolved_reason or "", silenced_by=list(muting.silenced_by),
+                    inhibited_by=list(muting.inhibited_by))
 
 
 def _delivery(d: NotificationDelivery) -> DeliveryOut:
@@ -60,18 +71,29 @@ def _delivery(d: NotificationDelivery) -> DeliveryOut:
                        next_retry_at=d.next_retry_at, sent_at=d.sent_at)
 
 
-def list_alerts(*, session: Session, state: str | None = None, limit: int = 200) -> list[AlertOut]:
-    query = select(AlertRow).order_by(AlertRow.id.desc()).limit(limit)
+def list_alerts(*, session: Session, now: datetime, stale_after: timedelta | None = None, state: str | None = None,
+                silenced: bool | None = None, inhibited: bool | None = None, limit: int = 200) -> list[AlertOut]:
+    """Newest first; ``silenced``/``inhibited``: only the alerts that are (True) or are not (False) so now."""
+    muted = mutes(session, now=now, stale_after=stale_after)
+    query = select(AlertRow).order_by(AlertRow.id.desc())
     if state is not None:
         query = query.where(AlertRow.state == state)
-    return [_out(a) for a in session.scalars(query)]
+    for wanted, ids in ((silenced, [i for i, m in muted.items() if m.silenced_by]),
+                        (inhibited, [i for i, m in muted.items() if m.inhibited_by])):
+        if wanted is True:
+            query = query.where(AlertRow.id.in_(ids))
+        elif wanted is False and ids:
+            query = query.where(AlertRow.id.not_in(ids))
+    return [_out(a, muted.get(a.id)) for a in session.scalars(query.limit(limit))]
 
 
-def get_alert(*, session: Session, alert_id: int) -> AlertDetailOut | None:
+def get_alert(*, session: Session, alert_id: int, now: datetime,
+              stale_after: timedelta | None = None) -> AlertDetailOut | None:
     alert = session.get(AlertRow, alert_id)
     if alert is None:
         return None
-    return AlertDetailOut(**_out(alert).model_dump(),
+    muting = mutes(session, now=now, stale_after=stale_after).get(alert.id)
+    return AlertDetailOut(**_out(alert, muting).model_dump(),
                           deliveries=[_delivery(d) for d in deliveries_of(session, alert)])
 
 

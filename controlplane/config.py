@@ -42,6 +42,8 @@ class ServerConfig(BaseModel):
     viewer_tokens: list[SecretStr] = Field(default_factory=list)
     # Manage tokens (and, later, policies); also operate and read.
     admin_tokens: list[SecretStr] = Field(default_factory=list)
+    # Alertmanager's webhook (``POST /v1/alertmanager``) must carry one of these; they may do nothing else.
+    alertmanager_tokens: list[SecretStr] = Field(default_factory=list)
     # Serve HTTPS with this certificate chain and key (PEM). Both or neither.
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
@@ -144,7 +146,8 @@ class ServerConfig(BaseModel):
             return [d.strip() for d in value.split(",") if d.strip()]
         return value
 
-    @field_validator("agent_tokens", "operator_tokens", "viewer_tokens", "admin_tokens", mode="before")
+    @field_validator("agent_tokens", "operator_tokens", "viewer_tokens", "admin_tokens", "alertmanager_tokens",
+                     mode="before")
     @classmethod
     def _split_tokens(cls, value: Any) -> Any:
         # Environment variables carry lists as comma-separated text.

@@ -121,7 +121,8 @@ class Jobs:
         if not self._leadership.is_leader or not self._receivers:
             return
         with session_scope(self._sessions) as session:
-            queued = notifier.queue(session=session, notifier=self.notifier, links=self._links, now=self._clock())
+            queued = notifier.queue(session=session, notifier=self.notifier, links=self._links, now=self._clock(),
+                                    stale_after=timedelta(seconds=self._config.stale_after_seconds))
         if queued:
             log.info("notifier: queued deliveries %s", queued)
         if self._http is None:

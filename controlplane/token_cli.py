@@ -61,10 +61,10 @@ def run(args: argparse.Namespace, database_url: str, out: TextIO,
                 print(f"created token {made.id} ({made.name}, {role.value}); it is shown only now:", file=out)
                 print(made.token, file=out)
             elif args.token_command == "list":
-                print(f"{'ID':>4}  {'NAME':20} {'ROLE':9} {'NODE':16} {'CREATED':20} {'EXPIRES':20} "
+                print(f"{'ID':>4}  {'NAME':20} {'ROLE':12} {'NODE':16} {'CREATED':20} {'EXPIRES':20} "
                       f"{'REVOKED':20} LAST USED", file=out)
                 for t in tokens.list_tokens(session=session):
-                    print(f"{t.id:>4}  {t.name[:20]:20} {t.role.value:9} {(t.node or '-')[:16]:16} "
+                    print(f"{t.id:>4}  {t.name[:20]:20} {t.role.value:12} {(t.node or '-')[:16]:16} "
                           f"{_when(t.created_at):20} {_when(t.expires_at):20} {_when(t.revoked_at):20} "
                           f"{_when(t.last_used_at)}", file=out)
             elif args.token_command == "revoke":

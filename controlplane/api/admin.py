@@ -102,17 +102,19 @@ def audit_log(session: Db, _: Admin, actor: str | None = None,
 
 
 @router.get("/alerts", response_model=list[AlertOut], dependencies=[Depends(require_reader)],
-            summary="Alerts, newest first")
-def alerts(session: Db, state: Annotated[str | None, Query(pattern="^(firing|resolved)$")] = None,
+            summary="Alerts, newest first, each with the silences and inhibitions that mute it now")
+def alerts(session: Db, ctx: Ctx, state: Annotated[str | None, Query(pattern="^(firing|resolved)$")] = None,
+           silenced: bool | None = None, inhibited: bool | None = None,
            limit: Annotated[int, Query(ge=1, le=10_000)] = 200) -> list[AlertOut]:
-    return list_alerts(session=session, state=state, limit=limit)
+    return list_alerts(session=session, now=ctx.clock(), stale_after=ctx.stale_after, state=state,
+                       silenced=silenced, inhibited=inhibited, limit=limit)
 
 
 @router.get("/alerts/{alert_id}", response_model=AlertDetailOut, dependencies=[Depends(require_reader)],
             summary="One alert with every notification that carried it, per receiver",
             responses={404: {"description": "no such alert"}})
-def alert(alert_id: RowId, session: Db) -> AlertDetailOut:
-    found = get_alert(session=session, alert_id=alert_id)
+def alert(alert_id: RowId, session: Db, ctx: Ctx) -> AlertDetailOut:
+    found = get_alert(session=session, alert_id=alert_id, now=ctx.clock(), stale_after=ctx.stale_after)
     if found is None:
         raise HTTPException(404, f"no alert {alert_id}")
     return found
@@ -124,13 +126,13 @@ def alert(alert_id: RowId, session: Db) -> AlertDetailOut:
 def resolve_alert(alert_id: RowId, request: Request, ctx: Ctx, session: Db,
                   who: Annotated[Principal, Depends(require_operator)]) -> AlertDetailOut:
     now = ctx.clock()
-    if get_alert(session=session, alert_id=alert_id) is None:
+    if get_alert(session=session, alert_id=alert_id, now=now, stale_after=ctx.stale_after) is None:
         raise HTTPException(404, f"no alert {alert_id}")
     if not resolve_by_hand(session=session, alert_id=alert_id, by=who.name, now=now):
         raise HTTPException(409, f"alert {alert_id} is not firing")
     audit.record(session=session, who=who, what="alert.resolve", target=f"alert:{alert_id}", now=now,
                  client=client_address(request))
     session.commit()
-    found = get_alert(session=session, alert_id=alert_id)
+    found = get_alert(session=session, alert_id=alert_id, now=now, stale_after=ctx.stale_after)
     assert found is not None
     return found

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.api import actions, admin, desired, fleet, health, remediation, reports
+from controlplane.api import actions, admin, alertmanager, desired, fleet, health, remediation, reports, silences
 from controlplane.api.auth import Authenticator
 from controlplane.api.context import AppContext, Clock, utc_now
 from controlplane.api.telemetry import Telemetry, TelemetryMiddleware
@@ -84,7 +84,7 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
     app.state.jobs = jobs
     app.add_middleware(TelemetryMiddleware, telemetry=ctx.telemetry)
     for router in (reports.router, fleet.router, desired.router, actions.router, admin.router, health.router,
-                   remediation.router):
+                   remediation.router, silences.router, alertmanager.router):
         app.include_router(router)
 
     def openapi() -> dict[str, Any]:

@@ -43,7 +43,8 @@ class _Cached:
 def _config_principals(config: ServerConfig) -> list[tuple[bytes, Principal]]:
     out: list[tuple[bytes, Principal]] = []
     for field, role in (("admin_tokens", Role.ADMIN), ("operator_tokens", Role.OPERATOR),
-                        ("viewer_tokens", Role.VIEWER), ("agent_tokens", Role.AGENT)):
+                        ("viewer_tokens", Role.VIEWER), ("agent_tokens", Role.AGENT),
+                        ("alertmanager_tokens", Role.ALERTMANAGER)):
         for i, secret in enumerate(getattr(config, field)):
             out.append((secret.get_secret_value().encode(), Principal(name=f"config:{role.value}-{i}", role=role)))
     return out

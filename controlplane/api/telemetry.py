@@ -10,10 +10,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 # Reasons a report is refused; a fixed set so the label's cardinality is bounded.
 REJECT_REASONS = ("unauthorized", "forbidden", "too_large", "malformed", "node_mismatch", "protocol_version",
                   "backlogged")
+# Reasons an Alertmanager webhook payload is refused, likewise fixed.
+ALERTMANAGER_REJECT_REASONS = ("unauthorized", "forbidden", "too_large", "malformed", "version")
+# What an Alertmanager alert was mapped to.
+ALERTMANAGER_TARGET_KINDS = ("replica", "node", "model", "unmapped")
 
 
 class Telemetry:
-    """Request latency, reports received/applied/rejected, and nodes by status."""
+    """Request latency, reports received/applied/rejected, Alertmanager payloads, and nodes by status."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -68,11 +72,26 @@ class Telemetry:
             "pitstop_cp_notification_oldest_pending_seconds", "How long the oldest unsent notification has waited "
             "(0 with none; updated on each scrape).", registry=self.registry,
         )
+        self.alertmanager_rejected = Counter(
+            "pitstop_cp_alertmanager_rejected_total", "Alertmanager webhook payloads refused, by reason (nothing of "
+            "a refused payload is stored).", ["reason"], registry=self.registry,
+        )
+        self.alertmanager_alerts = Counter(
+            "pitstop_cp_alertmanager_alerts_total", "Alerts received from Alertmanager, by what their labels "
+            "mapped to (replica, node, model, or unmapped).", ["target"], registry=self.registry,
+        )
         for reason in REJECT_REASONS:
             self.reports_rejected.labels(reason=reason)
+        for reason in ALERTMANAGER_REJECT_REASONS:
+            self.alertmanager_rejected.labels(reason=reason)
+        for kind in ALERTMANAGER_TARGET_KINDS:
+            self.alertmanager_alerts.labels(target=kind)
 
     def reject(self, reason: str) -> None:
         self.reports_rejected.labels(reason=reason).inc()
+
+    def reject_alertmanager(self, reason: str) -> None:
+        self.alertmanager_rejected.labels(reason=reason).inc()
 
 
 class TelemetryMiddleware:

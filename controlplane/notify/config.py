@@ -463,6 +463,16 @@ class NotifierConfig(_Model):
 
     receivers: tuple[Receiver, ...] = ()
     route: Route | None = None
+    # The longest wait between two attempts of one delivery (backoff doubles from 2 s up to it).
+    max_retry_interval: Duration = Field(default=300.0, gt=0)
+    # A dead man's switch for the whole paging path: the Watchdog alert always fires and goes only to this
+    # receiver (a heartbeat service that pages when the pings stop), every ``watchdog_interval``.
+    watchdog_receiver: str | None = None
+    watchdog_interval: Duration = Field(default=60.0, gt=0)
+    # When deliveries keep failing (one given up, or one waiting longer than ``failing_after``), the
+    # NotificationsFailing alert goes only to this receiver: a second path to on-call.
+    failing_receiver: str | None = None
+    failing_after: Duration = Field(default=300.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -495,6 +505,10 @@ class NotifierConfig(_Model):
         if root.continue_:
             problems.append((("route", "continue"), "the root route has no siblings to continue to"))
         defined = f"defined: {', '.join(first)}" if first else "no receivers are defined"
+        for field in ("watchdog_receiver", "failing_receiver"):
+            named = getattr(self, field)
+            if named is not None and named not in first:
+                problems.append(((field,), f"unknown receiver {named!r}; {defined}"))
         for loc, node in walk_routes(root):
             if node.receiver is not None and node.receiver not in first:
                 problems.append(((*loc, "receiver"), f"unknown receiver {node.receiver!r}; {defined}"))
@@ -567,6 +581,11 @@ class ResolvedNotifier(_Model):
 
     receivers: dict[str, ResolvedReceiver] = Field(default_factory=dict)
     route: Route | None = None
+    max_retry_interval: float = 300.0
+    watchdog_receiver: str | None = None
+    watchdog_interval: float = 60.0
+    failing_receiver: str | None = None
+    failing_after: float = 300.0
 
 
 class _SecretProblem(Exception):
@@ -634,7 +653,9 @@ def resolve_secrets(config: NotifierConfig, env: Mapping[str, str],
             max_attempts=receiver.max_attempts, send_resolved=receiver.send_resolved)
     if errors:
         raise NotifierConfigError(errors)
-    return ResolvedNotifier(receivers=resolved, route=config.route)
+    return ResolvedNotifier(receivers=resolved, route=config.route, max_retry_interval=config.max_retry_interval,
+                            watchdog_receiver=config.watchdog_receiver, watchdog_interval=config.watchdog_interval,
+                            failing_receiver=config.failing_receiver, failing_after=config.failing_after)
 
 
 def read_secret_file(path: str) -> str:

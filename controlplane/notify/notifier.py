@@ -4,6 +4,11 @@
 route tree, groups them per receiver by their ``group_by`` labels, asks ``grouping.due`` whether each group is
 due, and for each that is writes one delivery (what to say, no secrets) and the group's memory in the same
 transaction. ``send`` hands the due deliveries to ``outbox.send_due`` with each receiver's format and secret.
+
+Silenced and inhibited alerts (``silencing``) are left out of their groups while they are muted: nothing is
+sent for them, and a silence that begins after an alert paged sends no resolve for it either. The group keeps
+remembering such an alert as told, so a muted alert that then resolves is still resolved at its receivers
+(closing the page they got), and one still firing when its silence ends is not paged a second time.
 """
 
 from __future__ import annotations
@@ -18,14 +23,19 @@ from urllib.parse import urljoin
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.notify import formats, grouping, routing
+from controlplane.config import ServerConfig
+from controlplane.fleet.queries import node_status
+from controlplane.fleet.schemas import NodeStatus
+from controlplane.notify import formats, grouping, meta, routing, silencing
 from controlplane.notify.config import ResolvedNotifier, ResolvedReceiver
+from controlplane.notify.lifecycle import NOTIFIER_POLICY
 from controlplane.notify.model import AlertView, Notification, Request, Severity, to_json
 from controlplane.notify.outbox import PENDING, Receiver
 from controlplane.notify.summary import ActionFacts, describe
 from controlplane.policy.kinds import ActionKind
 from controlplane.policy.lifecycle import ActionState
-from controlplane.store.models import ActionRow, AlertRow, NotificationDelivery, NotificationGroup
+from controlplane.policy.snapshot import ALERTMANAGER_POLICY
+from controlplane.store.models import ActionRow, AlertRow, Node, NotificationDelivery, NotificationGroup, SilenceRow
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +43,8 @@ FIRING, RESOLVED = "firing", "resolved"
 # The companion action of an alert (the restart a stall's notify alert goes with) is this recent at most.
 ACTION_LOOKBACK = timedelta(hours=1)
 _SEVERITIES: dict[str, Severity] = {"info": "info", "warning": "warning", "page": "page"}
+# When a node counts as unreachable, for callers that do not say (the server's own default).
+DEFAULT_STALE_AFTER = timedelta(seconds=ServerConfig.model_fields["stale_after_seconds"].default)
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,8 @@ def _view(session: Session, alert: AlertRow, links: Links) -> AlertView:
         annotations["resolved_reason"] = alert.resolved_reason
     if alert.policy == "circuit-breaker":
         did = "automation is stopped until an operator resets the circuit breaker"
+    elif alert.policy == NOTIFIER_POLICY:
+        did = ""  # the notifier's own alert: nothing was done to the fleet
     else:
         did = describe(_facts(session, alert))
     findings = notes.get("evidence") or []
@@ -96,20 +110,55 @@ def _view(session: Session, alert: AlertRow, links: Links) -> AlertView:
                      severity=_SEVERITIES.get(alert.severity, "warning"), action_summary=did, evidence=evidence)
 
 
-def queue(*, session: Session, notifier: ResolvedNotifier, links: Links, now: datetime) -> list[int]:
-    """Write a delivery for every group that is due; the deliveries' ids."""
+def mutes(session: Session, *, now: datetime, stale_after: timedelta | None = None,
+          firing: Sequence[AlertRow] | None = None) -> dict[int, silencing.Muting]:
+    """Which firing alerts are silenced or inhibited now, and by what; ``firing``: every firing alert, when
+    the caller has them already (any of them may inhibit another)."""
+    if firing is None:
+        firing = list(session.scalars(select(AlertRow).where(AlertRow.state == FIRING)))
+    firing = [a for a in firing if a.state == FIRING]
+    if not firing:
+        return {}
+    silences = []
+    for row in session.scalars(select(SilenceRow).where(SilenceRow.starts_at <= now, SilenceRow.ends_at > now)):
+        try:
+            matchers = silencing.parse_matchers([str(m) for m in row.matchers])
+        except ValueError as exc:  # validated when created: only a hand-edited row gets here
+            log.warning("silence %s is ignored: %s", row.id, exc)
+            continue
+        silences.append(silencing.Silence(id=row.id, matchers=matchers, starts_at=row.starts_at,
+                                          ends_at=row.ends_at))
+    after = DEFAULT_STALE_AFTER if stale_after is None else stale_after
+    nodes = {name: silencing.NodeFacts(
+        name=name, cordoned=bool(cordoned), last_report_at=at,
+        unreachable=node_status(last_report_at=at, now=now, stale_after=after) is NodeStatus.STALE)
+        for name, cordoned, at in session.execute(select(Node.name, Node.cordoned, Node.last_report_at))}
+    return silencing.mutes([silencing.AlertFacts(id=a.id, labels=_labels(a)) for a in firing], silences, nodes,
+                           now)
+
+
+def queue(*, session: Session, notifier: ResolvedNotifier, links: Links, now: datetime,
+          stale_after: timedelta | None = None) -> list[int]:
+    """Write a delivery for every group that is due, leaving muted alerts out; the deliveries' ids."""
     if notifier.route is None or not notifier.receivers:
         return []
+    meta.sync(session=session, notifier=notifier, now=now)  # the Watchdog, NotificationsFailing
     groups_rows = {(g.receiver, g.group_key): g for g in session.scalars(select(NotificationGroup))}
     told_ids = {int(i) for g in groups_rows.values() for i, s in (g.told or {}).items() if s == FIRING}
     alerts = list(session.scalars(select(AlertRow).where(AlertRow.state == FIRING)))
     if told_ids:
         alerts += list(session.scalars(select(AlertRow).where(AlertRow.state == RESOLVED,
                                                               AlertRow.id.in_(told_ids))))
+    muted = mutes(session, now=now, stale_after=stale_after, firing=alerts)
     by_group: dict[tuple[str, str], tuple[routing.RouteMatch, dict[str, str], list[AlertRow]]] = {}
     for alert in alerts:
+        if alert.policy == ALERTMANAGER_POLICY:
+            continue  # Alertmanager's own alert, posted to us: Alertmanager pages for it
+        if alert.id in muted:
+            continue  # silenced or inhibited: out of its groups while so
         labels = _labels(alert)
-        for m in routing.match(notifier.route, labels):
+        own = meta.route_of(alert, notifier)
+        for m in own if own is not None else routing.match(notifier.route, labels):
             slot = (m.receiver, m.group_key(labels))
             by_group.setdefault(slot, (m, m.group_labels(labels), []))[2].append(alert)
     queued = []
@@ -139,6 +188,8 @@ def queue(*, session: Session, notifier: ResolvedNotifier, links: Links, now: da
             alert_ids=sorted(ids))
         session.add(delivery)
         told = {str(i): s for i, s in grouping.after_telling(tell).items()}
+        # A muted alert the receiver was told fires stays told: its resolve will close that page.
+        told.update({str(i): s for i, s in (state.told or {}).items() if s == FIRING and i in muted})
         if row is None:
             session.add(NotificationGroup(receiver=receiver_name, group_key=key, group_labels=labels,
                                           last_sent_at=now, told=told))
@@ -149,7 +200,7 @@ def queue(*, session: Session, notifier: ResolvedNotifier, links: Links, now: da
     return queued
 
 
-def _renderer(receiver: ResolvedReceiver) -> Receiver:
+def _renderer(receiver: ResolvedReceiver, cap: float) -> Receiver:
     url = receiver.url.get_secret_value()
     secret = None if receiver.secret is None else receiver.secret.get_secret_value()
 
@@ -162,12 +213,12 @@ def _renderer(receiver: ResolvedReceiver) -> Receiver:
         return formats.render(receiver.kind, n, now=now, **settings)
 
     return Receiver(name=receiver.name, render=render, max_attempts=receiver.max_attempts,
-                    timeout_seconds=receiver.timeout_seconds)
+                    timeout_seconds=receiver.timeout_seconds, retry_cap_seconds=cap)
 
 
 def receivers(notifier: ResolvedNotifier) -> dict[str, Receiver]:
     """Each configured receiver, ready for ``outbox.send_due``."""
-    return {name: _renderer(r) for name, r in notifier.receivers.items()}
+    return {name: _renderer(r, notifier.max_retry_interval) for name, r in notifier.receivers.items()}
 
 
 def deliveries_of(session: Session, alert: AlertRow) -> Sequence[NotificationDelivery]:

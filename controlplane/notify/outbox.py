@@ -44,6 +44,7 @@ class Receiver:
     render: Callable[[Notification, datetime], Request]
     max_attempts: int = 10
     timeout_seconds: float = 10.0
+    retry_cap_seconds: float = RETRY_CAP_SECONDS
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Outcome:
 
 
 def judge(code: int | None, ok: frozenset[int], body: str, error: str, retry_after: float | None, attempt: int,
-          max_attempts: int, rng: random.Random) -> Outcome:
+          max_attempts: int, rng: random.Random, cap: float = RETRY_CAP_SECONDS) -> Outcome:
     """Pure: what one attempt's answer means (``code`` None: no answer at all)."""
     if code is not None and code in ok:
         return Outcome(SENT)
@@ -64,7 +65,7 @@ def judge(code: int | None, ok: frozenset[int], body: str, error: str, retry_aft
         return Outcome(FAILED, f"{what} (not retried: the receiver refused it)")
     if attempt >= max_attempts:
         return Outcome(FAILED, f"{what} (gave up after {attempt} attempts)")
-    wait = next_attempt_in(attempt, FIRST_RETRY_SECONDS, retry_after, rng, cap=RETRY_CAP_SECONDS)
+    wait = next_attempt_in(attempt, FIRST_RETRY_SECONDS, retry_after, rng, cap=cap)
     return Outcome(PENDING, what, wait)
 
 
@@ -115,7 +116,8 @@ def _send_one(delivery: NotificationDelivery, receivers: Mapping[str, Receiver],
         return Outcome(FAILED, f"the stored notification cannot be read: {exc!r}")
     request = receiver.render(notification, now)
     code, body, error, retry_after = _attempt(client, receiver, request, now)
-    outcome = judge(code, request.ok, body, error, retry_after, delivery.attempt, receiver.max_attempts, rng)
+    outcome = judge(code, request.ok, body, error, retry_after, delivery.attempt, receiver.max_attempts, rng,
+                    receiver.retry_cap_seconds)
     delivery.response_code = code
     if outcome.status != SENT:
         log.warning("notification %s to %s: %s", delivery.id, delivery.receiver, outcome.error)

@@ -1,14 +1,15 @@
 """Policy conditions: a named detector plus its parameters, never an expression language.
 
 A condition without ``detector`` but with ``signal`` is a threshold condition, so the common case reads
-``{signal: ttft_p99_seconds, op: ">", threshold: 0.5, for: 60s}``.
+``{signal: ttft_p99_seconds, op: ">", threshold: 0.5, for: 60s}``; one with ``alert`` is an Alertmanager alert
+condition, ``{alert: TTFTHigh, for: 1m}``.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import AliasChoices, BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from controlplane.policy.durations import Duration
 from controlplane.policy.snapshot import Signal
@@ -114,10 +115,31 @@ class OomCrashCondition(_Condition):
     patterns: list[str] = Field(default_factory=lambda: ["CUDA out of memory", "OutOfMemoryError"])
 
 
+class AlertCondition(_Condition):
+    """An alert named ``alertname`` that Alertmanager posted (``POST /v1/alertmanager``) has fired on the
+    subject for at least ``for``: a team's own Prometheus rules, with Pitstop's guarded actions.
+
+    The subject is what the alert's labels mapped to when it was received: a replica, a node or a model.
+    Without ``for`` it holds as soon as the alert fires (the Prometheus rule has usually waited its own).
+    """
+
+    detector: Literal["alert"] = "alert"
+    alertname: str = Field(min_length=1, validation_alias=AliasChoices("alertname", "alert"))
+    for_: Duration | None = Field(default=None, alias="for", ge=0)
+
+
+# The union tag of AlertCondition. Not "alert": pydantic puts the tag in error locations, and the loader would
+# read a tag equal to the shorthand's key (``alert: TTFTHigh``) as that key and point at the wrong field.
+_ALERT_TAG = "alertmanager_alert"
+
+
 def _condition_tag(value: Any) -> str:
     if isinstance(value, dict):
-        return str(value.get("detector", "threshold" if "signal" in value else "missing"))
-    return str(getattr(value, "detector", "missing"))
+        shorthand = "alert" if "alert" in value else "missing"
+        tag = str(value.get("detector", "threshold" if "signal" in value else shorthand))
+    else:
+        tag = str(getattr(value, "detector", "missing"))
+    return _ALERT_TAG if tag == "alert" else tag
 
 
 Condition = Annotated[
@@ -128,11 +150,12 @@ Condition = Annotated[
     | Annotated[ThermalCondition, Tag("thermal")]
     | Annotated[XidCondition, Tag("xid")]
     | Annotated[CrashLoopCondition, Tag("crash_loop")]
-    | Annotated[OomCrashCondition, Tag("oom_crash")],
+    | Annotated[OomCrashCondition, Tag("oom_crash")]
+    | Annotated[AlertCondition, Tag(_ALERT_TAG)],
     Discriminator(
         _condition_tag,
         custom_error_type="unknown_detector",
-        custom_error_message="unknown detector: use signal/op/threshold, or detector error_rate, stall, leak, "
-        "thermal, xid, crash_loop or oom_crash",
+        custom_error_message="unknown detector: use signal/op/threshold, alert: ALERTNAME, or detector "
+        "error_rate, stall, leak, thermal, xid, crash_loop, oom_crash or alert",
     ),
 ]

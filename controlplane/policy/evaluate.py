@@ -1,7 +1,8 @@
 """``evaluate(policies, snapshot, now)``: every action the policies propose for the fleet now. Pure.
 
-Detectors find problems in replicas' or GPUs' histories; each finding becomes actions on the right target
-(a GPU finding restarts the replicas on that GPU, a replica finding cordons the replica's node, ...).
+Detectors find problems in replicas' or GPUs' histories, or read Alertmanager's alerts; each finding becomes
+actions on the right target (a GPU finding restarts the replicas on that GPU, a replica finding cordons the
+replica's node, an alert on a node restarts the replicas on it ...).
 Guardrails are applied afterwards, by ``guardrails.decide``.
 """
 
@@ -19,6 +20,7 @@ from controlplane.policy.actions import (
     RollingRestartAction,
 )
 from controlplane.policy.conditions import (
+    AlertCondition,
     CrashLoopCondition,
     ErrorRateCondition,
     LeakCondition,
@@ -28,6 +30,7 @@ from controlplane.policy.conditions import (
     ThresholdCondition,
     XidCondition,
 )
+from controlplane.policy.detectors.alert import detect_alert
 from controlplane.policy.detectors.crash import detect_crash_loop, detect_oom_crash
 from controlplane.policy.detectors.findings import Finding
 from controlplane.policy.detectors.leak import detect_leak
@@ -62,9 +65,49 @@ def in_scope_gpus(policy: Policy, snapshot: FleetSnapshot) -> list[Gpu]:
         not selective or any(policy.scope.matches(r) for r in snapshot.replicas_on(g.node, g.index)))]
 
 
+def alert_target(key: str) -> Target | None:
+    """The target an Alertmanager alert was mapped to (``replica:node/name``, ``node:name``, ``model:name``)."""
+    kind, _, rest = key.partition(":")
+    if kind == "replica":
+        node, name = split_key(rest)
+        return Target(kind="replica", node=node, replica=name) if node and name else None
+    if kind == "node" and rest:
+        return Target(kind="node", node=rest)
+    if kind == "model" and rest:
+        return Target(kind="model", model=rest)
+    return None
+
+
+def _alert_replicas(policy: Policy, target: Target, snapshot: FleetSnapshot) -> list[Replica]:
+    """The in-scope replicas an alert's target covers: the replica, those on the node, or those of the model."""
+    if target.kind == "replica":
+        found = [r for r in snapshot.replicas_on(target.node or "") if r.name == target.replica]
+    elif target.kind == "node":
+        found = snapshot.replicas_on(target.node or "")
+    else:
+        found = snapshot.replicas_of_model(target.model or "")
+    return [r for r in found if policy.scope.matches(r)]
+
+
+def _alert_in_scope(policy: Policy, snapshot: FleetSnapshot, key: str) -> bool:
+    """Whether the policy's scope covers an alert's target; a node with no replica counts when the scope
+    selects by node only (a cordon needs no replica), as for GPUs."""
+    target = alert_target(key)
+    if target is None:
+        return False
+    if target.kind == "node":
+        if snapshot.node(target.node or "") is None or not policy.scope.matches_node(target.node or ""):
+            return False
+        if not (policy.scope.models or policy.scope.labels):
+            return True
+    return bool(_alert_replicas(policy, target, snapshot))
+
+
 def detect(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> list[Finding]:
     """Every finding of one policy's condition over its scope (governor policies use ``govern_model``)."""
     cond = policy.condition
+    if isinstance(cond, AlertCondition):
+        return detect_alert(cond, snapshot.external_alerts, lambda key: _alert_in_scope(policy, snapshot, key), now)
     if isinstance(cond, GPU_CONDITIONS):
         gpus = in_scope_gpus(policy, snapshot)
         if isinstance(cond, ThermalCondition):
@@ -88,7 +131,11 @@ def detect(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> list[Findi
 
 
 def _subject_replicas(policy: Policy, finding: Finding, snapshot: FleetSnapshot) -> list[Replica]:
-    """The in-scope replicas a finding is about: the replica itself, or those on the GPU."""
+    """The in-scope replicas a finding is about: the replica itself, or those on the GPU (or the alert's node
+    or model)."""
+    if isinstance(policy.condition, AlertCondition):
+        target = alert_target(finding.subject)
+        return [] if target is None else _alert_replicas(policy, target, snapshot)
     node, rest = split_key(finding.subject)
     if isinstance(policy.condition, GPU_CONDITIONS):
         return [r for r in snapshot.replicas_on(node, int(rest)) if policy.scope.matches(r)]
@@ -96,6 +143,10 @@ def _subject_replicas(policy: Policy, finding: Finding, snapshot: FleetSnapshot)
 
 
 def _subject_target(policy: Policy, finding: Finding) -> Target:
+    if isinstance(policy.condition, AlertCondition):
+        target = alert_target(finding.subject)
+        assert target is not None  # the detector finds only targets that parse
+        return target
     node, rest = split_key(finding.subject)
     if isinstance(policy.condition, GPU_CONDITIONS):
         return Target(kind="gpu", node=node, gpu=int(rest))
@@ -137,7 +188,9 @@ def actions_for(policy: Policy, findings: Sequence[Finding], snapshot: FleetSnap
         elif isinstance(action, CordonAction):
             target = _subject_target(policy, finding)
             node = snapshot.node(target.node or "")
-            if node is not None and (node.cordoned or (target.kind == "gpu" and target.gpu in node.cordoned_gpus)):
+            if target.node is None:
+                pass  # an alert on a model: no node to fence
+            elif node is not None and (node.cordoned or (target.kind == "gpu" and target.gpu in node.cordoned_gpus)):
                 pass  # already fenced: nothing to do but the notify below
             elif action.scope == "gpu" and target.kind == "gpu":
                 propose(CordonPayload(kind="cordon", scope="gpu", gpu=target.gpu), target, finding,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from controlplane.policy.actions import Action, LowerMaxNumSeqsAction, Severity
 from controlplane.policy.conditions import Condition, ThresholdCondition
@@ -12,6 +12,9 @@ from controlplane.policy.durations import Duration
 from controlplane.policy.snapshot import Replica
 
 POLICY_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
+# What actions and alerts not raised by a policy record as their policy (the breaker's
+# page, Alertmanager's alerts, the notifier's own): a policy of that name would be mistaken for them.
+RESERVED_NAMES = frozenset({"circuit-breaker", "alertmanager", "pitstop-notifier"})
 # Signals the governor's proportional step can model: per-token decode latency, which grows with the batch.
 BATCH_LATENCIES = frozenset({"itl_p50_seconds", "itl_p95_seconds", "itl_p99_seconds"})
 
@@ -63,6 +66,13 @@ class Policy(_Spec):
     action: Action
     notify: Notify | None = None
     guardrails: Guardrails = Field(default_factory=Guardrails)
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name in RESERVED_NAMES:
+            raise ValueError(f"{name!r} names Pitstop's own actions and alerts: choose another name")
+        return name
 
     @model_validator(mode="after")
     def _governor_needs_an_upper_bound(self) -> Policy:

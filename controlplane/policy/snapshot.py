@@ -188,6 +188,28 @@ class FlagTrial(_Frozen):
     outcome: str = ""
 
 
+# The ``policy`` of the alert rows that Alertmanager posted (``POST /v1/alertmanager``): no Pitstop policy raised
+# them, and the notifier leaves them to Alertmanager, which pages for its own alerts.
+ALERTMANAGER_POLICY = "alertmanager"
+# The target of an Alertmanager alert whose labels name no replica, node or model Pitstop knows.
+UNMAPPED = "unmapped"
+
+
+class ExternalAlert(_Frozen):
+    """A firing alert Alertmanager posted, as the ``alert`` condition reads it."""
+
+    alertname: str
+    # What its labels mapped to, as a target key: ``replica:node/name``, ``node:name``, ``model:name``, or
+    # ``unmapped``.
+    target: str
+    # When it began firing, by Alertmanager's clock (``startsAt``).
+    starts_at: AwareDatetime
+    labels: dict[str, str] = Field(default_factory=dict)
+    fingerprint: str = ""
+    severity: str = ""
+    summary: str = ""
+
+
 class FleetSnapshot(_Frozen):
     now: AwareDatetime
     nodes: list[Node] = Field(default_factory=list)
@@ -195,6 +217,8 @@ class FleetSnapshot(_Frozen):
     replicas: list[Replica] = Field(default_factory=list)
     # Recent flag canaries that were taken back, so the governor does not retry them at once.
     flag_trials: list[FlagTrial] = Field(default_factory=list)
+    # Alertmanager's alerts firing now, for the ``alert`` condition.
+    external_alerts: list[ExternalAlert] = Field(default_factory=list)
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)

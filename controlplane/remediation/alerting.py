@@ -10,7 +10,6 @@ after resolving is a new alert, and pages again. Delivery is the notifier's (``c
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,19 +17,18 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from controlplane.notify.lifecycle import FIRING, NOTIFIER_POLICY, RESOLVED, fingerprint, resolve
 from controlplane.policy.payloads import AlertPayload
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction
-from controlplane.policy.snapshot import FleetSnapshot
+from controlplane.policy.snapshot import ALERTMANAGER_POLICY, FleetSnapshot
 from controlplane.store.models import ActionRow, AlertRow
 
-FIRING, RESOLVED = "firing", "resolved"
 BREAKER_POLICY = "circuit-breaker"
-
-
-def fingerprint(labels: dict[str, str]) -> str:
-    text = "\n".join(f"{k}={labels[k]}" for k in sorted(labels))
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+# Alerts raised by something other than a loaded policy: ``sync`` leaves them alone.
+NOT_A_POLICY = frozenset({BREAKER_POLICY, ALERTMANAGER_POLICY, NOTIFIER_POLICY})
+__all__ = ["BREAKER_POLICY", "FIRING", "RESOLVED", "fingerprint", "raise_alert", "resolve", "resolve_breaker_page",
+           "sync"]
 
 
 def raise_alert(*, session: Session, action: ActionRow, payload: AlertPayload, now: datetime,
@@ -65,10 +63,6 @@ def raise_alert(*, session: Session, action: ActionRow, payload: AlertPayload, n
     return alert
 
 
-def resolve(*, alert: AlertRow, now: datetime, reason: str) -> None:
-    alert.state, alert.ends_at, alert.updated_at, alert.resolved_reason = RESOLVED, now, now, reason
-
-
 def sync(*, session: Session, proposals: Sequence[ProposedAction], snapshot: FleetSnapshot,
          policies: Mapping[str, Policy], now: datetime) -> list[int]:
     """Refresh the alerts the policies still propose and resolve the ones that cleared; the ids resolved.
@@ -82,8 +76,10 @@ def sync(*, session: Session, proposals: Sequence[ProposedAction], snapshot: Fle
     for alert in session.scalars(select(AlertRow).where(AlertRow.state == FIRING)):
         target = str(alert.labels.get("target", ""))
         policy = alert.policy
-        if policy is None or policy == BREAKER_POLICY:
-            continue  # an operator resolves these (the breaker's page: by resetting the breaker)
+        if policy is None or policy in NOT_A_POLICY:
+            # Not a policy's: an operator resolves these (the breaker's page by resetting the breaker),
+            # Alertmanager its own, the notifier its own.
+            continue
         if (policy, target) in active:
             alert.last_seen_at = now
             continue

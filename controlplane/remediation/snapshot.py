@@ -2,7 +2,8 @@
 
 Latest state comes from the nodes, gpus and replicas tables; histories from the leader's ``SampleHistory``
 cache, or (for one-off snapshots such as explain) from the samples table over ``history``, one query per
-subject kind grouped in Python: per-replica queries would be 8,000 round trips.
+subject kind grouped in Python: per-replica queries would be 8,000 round trips. Alertmanager's firing alerts
+(alert rows of policy ``alertmanager``) come along for the ``alert`` condition.
 """
 
 from __future__ import annotations
@@ -18,9 +19,20 @@ from agent.wire import ReplicaState
 from controlplane.policy.kinds import ActionKind
 from controlplane.policy.lifecycle import ActionState
 from controlplane.policy.payloads import AddEngineFlagPayload, CorruptPayload, parse_payload
-from controlplane.policy.snapshot import FlagTrial, FleetSnapshot, Gpu, GpuReading, Node, Replica, ReplicaSample
+from controlplane.policy.snapshot import (
+    ALERTMANAGER_POLICY,
+    UNMAPPED,
+    ExternalAlert,
+    FlagTrial,
+    FleetSnapshot,
+    Gpu,
+    GpuReading,
+    Node,
+    Replica,
+    ReplicaSample,
+)
 from controlplane.remediation.history import SampleHistory, gpu_reading, replica_sample
-from controlplane.store.models import ActionRow, DesiredReplica, Sample
+from controlplane.store.models import ActionRow, AlertRow, DesiredReplica, Sample
 from controlplane.store.models import Gpu as GpuRow
 from controlplane.store.models import Node as NodeRow
 from controlplane.store.models import Replica as ReplicaRow
@@ -116,7 +128,8 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
     # Constructed, not validated: every part was validated on its way into the store, and validating
     # 8,000 replicas' histories would hold the interpreter for seconds while reports wait.
     return FleetSnapshot.model_construct(now=now, nodes=nodes, gpus=gpus, replicas=replicas,
-                                         flag_trials=flag_trials(session, now))
+                                         flag_trials=flag_trials(session, now),
+                                         external_alerts=external_alerts(session))
 
 
 def flag_trials(session: Session, now: datetime) -> list[FlagTrial]:
@@ -136,6 +149,22 @@ def flag_trials(session: Session, now: datetime) -> list[FlagTrial]:
             trials.append(FlagTrial(model=model, flag=rung.flag, value=rung.value, at=_aware(at),
                                     outcome=f"{state}: {outcome}"[:300]))
     return trials
+
+
+def external_alerts(session: Session) -> list[ExternalAlert]:
+    """Alertmanager's alerts firing now, with the target their labels mapped to when they were posted."""
+    rows = session.execute(select(AlertRow.fingerprint, AlertRow.labels, AlertRow.annotations, AlertRow.severity,
+                                  AlertRow.starts_at)
+                           .where(AlertRow.policy == ALERTMANAGER_POLICY, AlertRow.state == "firing")
+                           .order_by(AlertRow.starts_at, AlertRow.id))
+    out = []
+    for fingerprint, stored_labels, notes, severity, starts_at in rows:
+        labels = {str(k): str(v) for k, v in (stored_labels or {}).items() if v is not None}
+        summary = (notes or {}).get("summary") or (notes or {}).get("description") or ""
+        out.append(ExternalAlert(alertname=labels.get("alertname", ""), target=labels.get("target", UNMAPPED),
+                                 starts_at=_aware(starts_at), labels=labels, fingerprint=fingerprint,
+                                 severity=severity or "", summary=str(summary)[:500]))
+    return out
 
 
 def _aware(at: datetime) -> datetime:

@@ -1,6 +1,8 @@
 """Roles and the principal a request acts as: viewer reads, operator acts, admin manages tokens and policies.
 
-``admin`` includes ``operator`` includes ``viewer``; ``agent`` is apart: it may only report (as its node).
+``admin`` includes ``operator`` includes ``viewer``; ``agent`` and ``alertmanager`` are apart: an agent may only
+report (as its node), an Alertmanager may only post its alerts. A leaked webhook credential then writes alerts,
+never fleet state, and moves the fleet only as far as a policy's ``alert`` condition and its guardrails allow.
 """
 
 from __future__ import annotations
@@ -14,14 +16,17 @@ class Role(StrEnum):
     OPERATOR = "operator"
     ADMIN = "admin"
     AGENT = "agent"
+    ALERTMANAGER = "alertmanager"
 
 
 _RANK = {Role.VIEWER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
+# Roles outside the ranking: each may do only its own one thing, and nothing else may do it.
+_APART = frozenset({Role.AGENT, Role.ALERTMANAGER})
 
 
 def role_allows(held: Role, needed: Role) -> bool:
     """Whether a token of role ``held`` may do what needs ``needed``."""
-    if needed is Role.AGENT or held is Role.AGENT:
+    if needed in _APART or held in _APART:
         return held is needed
     return _RANK[held] >= _RANK[needed]
 

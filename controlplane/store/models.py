@@ -262,6 +262,25 @@ class NotificationDelivery(Base):
     sent_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
+class SilenceRow(Base):
+    """An operator's silence: alerts all its matchers match are not notified from ``starts_at`` until
+    ``ends_at`` (not included). Expiring it early moves ``ends_at`` to then; the row is kept for the record."""
+
+    __tablename__ = "silences"
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    # Alertmanager matchers in their canonical text (``alertname="pitstop-stall"``), all of which must match.
+    matchers: Mapped[list[Any]]
+    starts_at: Mapped[datetime]
+    ends_at: Mapped[datetime] = mapped_column(index=True)
+    created_by: Mapped[str] = mapped_column(String(128))  # the token's name, never the client's word
+    comment: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    # Set when expired by hand (``DELETE /v1/silences/{id}``), with who did it.
+    expired_at: Mapped[datetime | None] = mapped_column(default=None)
+    expired_by: Mapped[str | None] = mapped_column(String(128), default=None)
+
+
 class ApiToken(Base):
     """An API token: only a salted SHA-256 of its secret is kept; the token itself is shown once."""
 

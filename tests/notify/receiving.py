@@ -13,7 +13,7 @@ class Receiving:
     """A receiver on loopback that answers a scripted sequence of codes, then 202."""
 
     def __init__(self, codes: list[int] | None = None, headers: dict[str, str] | None = None,
-                 default: int = 202) -> None:
+                 default: int = 202, port: int = 0) -> None:
         self.codes, self.headers, self.default = list(codes or []), headers or {}, default
         self.bodies: list[Any] = []
         self.raw: list[tuple[dict[str, str], bytes]] = []
@@ -34,7 +34,7 @@ class Receiving:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
