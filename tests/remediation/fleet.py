@@ -166,7 +166,10 @@ class Fleet:
 
 
 def server_config(tmp_path: Path, **overrides: Any) -> ServerConfig:
-    return ServerConfig(**{"database_url": f"sqlite:///{tmp_path / 'pitstop.db'}", **overrides})
+    # No duty cap: it paces rounds by the wall clock (a round slower than half a second delays the next), and
+    # on a loaded machine it skipped rounds a test drives on its fake clock, so outcomes depended on the load.
+    return ServerConfig(**{"database_url": f"sqlite:///{tmp_path / 'pitstop.db'}", "policy_max_duty": 1.0,
+                           **overrides})
 
 
 @contextmanager
