@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from controlplane.notify.config import ExternalUrl, NotifierConfig, external_url_problem
+from controlplane.notify.config import NotifierConfig, external_url_problem
+from controlplane.notify.validation import ExternalUrl
 from controlplane.policy.loader import locate
 
 ENV_PREFIX = "PITSTOP_SERVER_"

@@ -27,9 +27,9 @@ from controlplane.config import ConfigError, ServerConfig
 from controlplane.heap import HeapFreezer
 from controlplane.leader import Leadership
 from controlplane.notify import notifier
-from controlplane.notify.config import NotifierConfigError, ResolvedNotifier, read_secret_file, resolve_secrets
 from controlplane.notify.notifier import Links
 from controlplane.notify.outbox import send_due
+from controlplane.notify.secrets import NotifierConfigError, ResolvedNotifier, read_secret_file, resolve_secrets
 from controlplane.policy.guardrails import GuardConfig
 from controlplane.policy.rollout import RolloutSettings
 from controlplane.policy_process import PolicyProcess

@@ -3,10 +3,14 @@
 A group (one receiver, one set of ``group_by`` label values) remembers what it last told its receiver: for each
 alert, firing or resolved. Each tick decides whether to tell it again:
 
-- **new**: an alert of the group fires that the receiver has not been told is firing, ``group_wait`` after it
-  started. A breach that recovered and came back is a new alert (a new row, a new ``starts_at``), so it pages
-  again at once. Alertmanager 0.25 stays silent about such a re-breach until ``repeat_interval`` when it comes
-  back within ``group_interval`` of the group's last notification; an SRE would not be told it came back.
+- **new**: an alert of the group fires that the receiver has not been told is firing. In a quiet group (the
+  receiver knows of nothing firing in it) that is ``group_wait`` after it started. Joining an incident the
+  receiver already has, it goes with the group's next update, ``group_interval`` after the last notification,
+  as in Alertmanager: a storm of alerts over a few seconds is one page per group, not one per tick. A breach
+  that recovered and came back is a new alert (a new row, the same fingerprint), and pages again at once, even
+  before its resolve went out: Alertmanager 0.25 stays silent about such a re-breach until ``repeat_interval``
+  when it comes back within ``group_interval`` of the group's last notification, and on-call would never hear
+  that it came back.
 - **resolved**: an alert the receiver was told is firing has resolved, ``group_interval`` after the last
   notification (resolves of one group go out together), when the receiver wants resolves.
 - **repeat**: alerts still fire and nothing changed for ``repeat_interval``.
@@ -33,6 +37,7 @@ class Member:
     alert_id: int
     status: Status
     starts_at: datetime
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,10 +66,14 @@ def members_to_tell(state: GroupState, alerts: Sequence[Member]) -> list[Member]
 def due(state: GroupState, alerts: Sequence[Member], timing: Timing, now: datetime) -> Reason | None:
     """Why the group is due a notification now, or None."""
     told = state.told or {}
+    last = state.last_sent_at
     untold = [a for a in alerts if a.status == "firing" and told.get(a.alert_id) != "firing"]
     if untold and now >= min(a.starts_at for a in untold) + timing.group_wait:
-        return "new"
-    last = state.last_sent_at
+        incident = any(s == "firing" for s in told.values())
+        ended = {a.fingerprint for a in alerts if a.status == "resolved" and told.get(a.alert_id) == "firing"}
+        back = any(a.fingerprint and a.fingerprint in ended for a in untold)
+        if not incident or back or last is None or now >= last + timing.group_interval:
+            return "new"
     gone = [a for a in alerts if a.status == "resolved" and told.get(a.alert_id) == "firing"]
     if gone and timing.send_resolved and (last is None or now >= last + timing.group_interval):
         return "resolved"

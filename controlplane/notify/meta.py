@@ -13,9 +13,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controlplane.notify.config import ResolvedNotifier
 from controlplane.notify.lifecycle import FIRING, NOTIFIER_POLICY, fingerprint, resolve
 from controlplane.notify.routing import RouteMatch
+from controlplane.notify.secrets import ResolvedNotifier
 from controlplane.store.models import AlertRow, NotificationDelivery
 
 POLICY = NOTIFIER_POLICY

@@ -1,7 +1,7 @@
 """What a receiver is told: one notification per alert group, with what Pitstop already did about it. Pure.
 
 The notifier builds these from the stored alerts of a group (``alerts`` rows) and hands one to a receiver's
-format (``formats.py``), which turns it into that tool's request. Times are timezone-aware UTC.
+format (``formats/``), which turns it into that tool's request. Times are timezone-aware UTC.
 """
 
 from __future__ import annotations

@@ -27,10 +27,10 @@ from controlplane.config import ServerConfig
 from controlplane.fleet.queries import node_status
 from controlplane.fleet.schemas import NodeStatus
 from controlplane.notify import formats, grouping, meta, routing, silencing
-from controlplane.notify.config import ResolvedNotifier, ResolvedReceiver
 from controlplane.notify.lifecycle import NOTIFIER_POLICY
 from controlplane.notify.model import AlertView, Notification, Request, Severity, to_json
 from controlplane.notify.outbox import PENDING, Receiver
+from controlplane.notify.secrets import ResolvedNotifier, ResolvedReceiver
 from controlplane.notify.summary import ActionFacts, describe
 from controlplane.policy.kinds import ActionKind
 from controlplane.policy.lifecycle import ActionState
@@ -173,7 +173,8 @@ def queue(*, session: Session, notifier: ResolvedNotifier, links: Links, now: da
                                  group_interval=timedelta(seconds=m.group_interval),
                                  repeat_interval=timedelta(seconds=m.repeat_interval),
                                  send_resolved=receiver.send_resolved)
-        view = [grouping.Member(a.id, "firing" if a.state == FIRING else "resolved", a.starts_at) for a in members]
+        view = [grouping.Member(a.id, "firing" if a.state == FIRING else "resolved", a.starts_at, a.fingerprint)
+                for a in members]
         reason = grouping.due(state, view, timing, now)
         if reason is None:
             continue

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from controlplane.notify.config import (
+from controlplane.notify.matchers import (
     DEFAULT_GROUP_BY,
     DEFAULT_GROUP_INTERVAL,
     DEFAULT_GROUP_WAIT,

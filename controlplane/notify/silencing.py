@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from controlplane.notify.config import Matcher, parse_matcher
+from controlplane.notify.matchers import Matcher, parse_matcher
 
 SilenceState = Literal["pending", "active", "expired"]
 SILENCE_STATES: tuple[SilenceState, ...] = ("pending", "active", "expired")

@@ -160,7 +160,8 @@ def actions_for(policy: Policy, findings: Sequence[Finding], snapshot: FleetSnap
 
     def propose(payload: Payload, target: Target, finding: Finding, replicas: Sequence[Replica] = (),
                 extra: str = "") -> None:
-        models = {r.model for r in replicas}
+        # The model: of the replicas it disrupts, else of those it is about (an alert's, for its labels).
+        models = {r.model for r in replicas or _subject_replicas(policy, finding, snapshot)}
         out.append(ProposedAction(
             policy=policy.name, target=target, payload=payload, replicas=[r.key for r in replicas],
             model=models.pop() if len(models) == 1 else None, reason=finding.summary + extra, findings=[finding],

@@ -26,7 +26,8 @@ from controlplane.api.app import create_app
 from controlplane.cli import main
 from controlplane.config import ServerConfig, load_config
 from controlplane.notify import notifier
-from controlplane.notify.config import NotifierConfig, resolve_secrets
+from controlplane.notify.config import NotifierConfig
+from controlplane.notify.secrets import resolve_secrets
 from controlplane.policy.snapshot import ALERTMANAGER_POLICY
 from controlplane.remediation import alerting
 from controlplane.remediation.snapshot import build_snapshot

@@ -9,18 +9,9 @@ import pytest
 import yaml
 from pydantic import SecretStr, ValidationError
 
-from controlplane.notify.config import (
-    PAGERDUTY_EVENTS_URL,
-    Matcher,
-    NotifierConfig,
-    NotifierConfigError,
-    NotifierSettings,
-    ResolvedNotifier,
-    describe_errors,
-    parse_matcher,
-    read_secret_file,
-    resolve_secrets,
-)
+from controlplane.notify.config import PAGERDUTY_EVENTS_URL, NotifierConfig, NotifierSettings, describe_errors
+from controlplane.notify.matchers import Matcher, parse_matcher
+from controlplane.notify.secrets import NotifierConfigError, ResolvedNotifier, read_secret_file, resolve_secrets
 
 SAMPLE = """\
 external_url: https://pitstop.example.internal

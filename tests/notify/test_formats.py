@@ -16,6 +16,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from controlplane.notify import formats
+from controlplane.notify.formats.common import clip, units
 from controlplane.notify.model import AlertView, Notification, Request
 from controlplane.notify.signing import verify
 
@@ -98,7 +99,7 @@ def sl(n: Notification) -> dict[str, Any]:
     for block in doc["blocks"]:  # Slack counts UTF-16 units: never fewer than the schema's characters
         texts = [block["text"]] if "text" in block else block.get("elements", [])
         limit = 150 if block["type"] == "header" else 3000
-        assert all(formats.units(t["text"]) <= limit for t in texts)
+        assert all(units(t["text"]) <= limit for t in texts)
     return doc
 
 
@@ -420,7 +421,7 @@ def test_slack_5000_character_texts_are_cut_within_limits():
     n = group(alert(0, name="N" * 5000, summary="s" * 5000, action="a" * 5000))
     doc = sl(n)
     header = doc["blocks"][0]["text"]["text"]
-    assert formats.units(header) == 150 and header.endswith("…")  # the emoji counts two
+    assert units(header) == 150 and header.endswith("…")  # the emoji counts two
     section = doc["blocks"][2]["text"]["text"]
     assert len(section) <= 3000
     # Each part keeps its share: the action and the links still show.
@@ -430,8 +431,8 @@ def test_slack_5000_character_texts_are_cut_within_limits():
 
 def test_slack_counts_astral_characters_twice():
     doc = sl(group(alert(0, name="🔥" * 200, summary="🔥" * 3000)))
-    assert formats.units(doc["blocks"][0]["text"]["text"]) <= 150
-    assert formats.units(doc["blocks"][2]["text"]["text"]) <= 3000
+    assert units(doc["blocks"][0]["text"]["text"]) <= 150
+    assert units(doc["blocks"][2]["text"]["text"]) <= 3000
 
 
 def test_slack_escapes_mrkdwn_and_never_cuts_an_entity():
@@ -440,8 +441,8 @@ def test_slack_escapes_mrkdwn_and_never_cuts_an_entity():
     assert "p99 &lt; 2s &amp; queue &gt; 10 &lt;!channel&gt;" in text
     assert "<!channel>" not in doc["text"]
     for cut in range(880, 910):
-        clipped = formats.clip(_esc_all("&" * 2000), cut, mrkdwn=True)
-        assert formats.units(clipped) <= cut and clipped.removesuffix("…").endswith("&amp;")
+        clipped = clip(_esc_all("&" * 2000), cut, mrkdwn=True)
+        assert units(clipped) <= cut and clipped.removesuffix("…").endswith("&amp;")
 
 
 def _esc_all(text: str) -> str:

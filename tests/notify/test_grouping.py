@@ -63,3 +63,21 @@ def test_a_notification_carries_the_firing_and_the_told_resolved_and_forgets_the
     told = members_to_tell(state, alerts)
     assert [m.alert_id for m in told] == [1, 2, 3]  # 4 was never told firing: nothing to resolve
     assert after_telling(told) == {2: "firing", 3: "firing"}
+
+
+def test_alerts_joining_a_paged_incident_wait_for_the_groups_next_update() -> None:
+    # 900 alerts paged at T0; 100 more of the same storm a second later go out together at group_interval.
+    state = GroupState(last_sent_at=T0, told={i: "firing" for i in range(900)})
+    storm = [firing(i) for i in range(900)] + [firing(i, T0 + S) for i in range(900, 1000)]
+    assert due(state, storm, TIMING, T0 + 2 * S) is None
+    assert due(state, storm, TIMING, T0 + 60 * S) == "new"
+
+
+def test_a_breach_that_returns_before_its_resolve_went_out_pages_at_once() -> None:
+    # Alert 1 (fingerprint f) was paged, resolved; before the group's resolve is due it breaches again (2, f).
+    state = GroupState(last_sent_at=T0 + 10 * S, told={1: "firing"})
+    gone = Member(alert_id=1, status="resolved", starts_at=T0, fingerprint="f")
+    back = Member(alert_id=2, status="firing", starts_at=T0 + 30 * S, fingerprint="f")
+    assert due(state, [gone, back], TIMING, T0 + 40 * S) == "new"  # group_wait after it began
+    other = Member(alert_id=3, status="firing", starts_at=T0 + 30 * S, fingerprint="g")  # not a return
+    assert due(state, [gone, other], TIMING, T0 + 40 * S) is None

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controlplane.notify.config import Matcher, NotifierSettings, Route
+from controlplane.notify.config import NotifierSettings
+from controlplane.notify.matchers import Matcher, Route
 from controlplane.notify.routing import RouteMatch, group_key, group_labels, match, routes
 
 TREE = """\
