@@ -152,8 +152,9 @@ class Matcher(ConfigModel):
 EVERY_LABEL = "..."
 # The root route's settings when the config leaves them out; child routes inherit their parent's.
 DEFAULT_GROUP_BY: tuple[str, ...] = ("model", "node")
-# Zero: a policy's ``for:`` has already debounced the alert, so waiting again only delays the page.
-DEFAULT_GROUP_WAIT = 0.0
+# One notifier tick: a policy's ``for:`` has already debounced each alert, so a longer wait only delays the
+# page; but the alerts of one fleet-wide event land over a second or so, and they should be one page per group.
+DEFAULT_GROUP_WAIT = 1.0
 DEFAULT_GROUP_INTERVAL = 60.0
 DEFAULT_REPEAT_INTERVAL = 4 * 3600.0
 

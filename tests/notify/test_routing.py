@@ -51,7 +51,7 @@ def receivers(route: Route, **labels: str) -> list[str]:
 
 def test_no_matching_child_leaves_the_alert_at_the_root_with_defaults(root):
     (m,) = match(root, {"severity": "page", "model": "llama"})
-    assert m == RouteMatch(route_id="{}", receiver="pager", group_by=("model", "node"), group_wait=0.0,
+    assert m == RouteMatch(route_id="{}", receiver="pager", group_by=("model", "node"), group_wait=1.0,
                            group_interval=120.0, repeat_interval=4 * 3600.0)
 
 
@@ -73,7 +73,7 @@ def test_children_inherit_unset_settings(root):
     (m,) = match(root, {"team": "infra", "severity": "warning"})
     # receiver from the parent, group_by its own, repeat_interval from the parent, group_interval from the root.
     assert m == RouteMatch(route_id='{}/{team="infra"}/1/{severity=~"warning|info"}/1', receiver="infra",
-                           group_by=("node",), group_wait=0.0, group_interval=120.0, repeat_interval=3600.0)
+                           group_by=("node",), group_wait=1.0, group_interval=120.0, repeat_interval=3600.0)
     (m,) = match(root, {"team": "infra", "severity": "page"})
     assert (m.receiver, m.group_by, m.group_wait, m.group_interval, m.repeat_interval) == \
         ("pager", ("model", "node"), 10.0, 120.0, 3600.0)
