@@ -70,12 +70,14 @@ def _labels(alert: AlertRow) -> dict[str, str]:
 
 
 def _facts(session: Session, alert: AlertRow) -> ActionFacts | None:
-    """The latest action (not the alert itself) the alert's policy took on its target since it began."""
-    row = session.scalars(
+    """The latest action (not the alert itself) the alert's policy took on its target since it began; one held
+    back only when none was taken (a cooldown's repeat of the restart taken is not news: the restart is)."""
+    rows = list(session.scalars(
         select(ActionRow).where(ActionRow.policy == alert.policy, ActionRow.target == alert.labels.get("target"),
                                 ActionRow.kind != ActionKind.ALERT.value,
                                 ActionRow.created_at >= alert.starts_at - ACTION_LOOKBACK)
-        .order_by(ActionRow.id.desc()).limit(1)).first()
+        .order_by(ActionRow.id.desc()).limit(20)))
+    row = next((r for r in rows if r.state != ActionState.SUPPRESSED), rows[0] if rows else None)
     if row is None:
         return None
     first = (row.guardrails or [{}])[0] if row.guardrails else {}
