@@ -51,3 +51,14 @@ def test_environment_errors_name_the_variable() -> None:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "absent.yaml", env={})
+
+
+def test_a_bad_notifier_section_names_the_file_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "server.yaml"
+    path.write_text("external_url: https://pitstop.example.internal\nnotifier:\n  receivers:\n"
+                    "    - {name: pager, pagerduty: {routing_key: abc}}\n  route:\n    receiver: pager\n"
+                    "    routes:\n      - {receiver: chatt}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert f"{path}:8: field 'notifier.route.routes[0].receiver': unknown receiver 'chatt'" in str(info.value)
+    assert "abc" not in str(info.value)  # an inline secret beside the mistake stays out of the message
