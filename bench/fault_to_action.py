@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,50 @@ class Poller:
         self._thread.join(timeout=5)
 
 
+@dataclass
+class Faults:
+    """The faults under way: when each began (per fault and twin side), and what the run must stop after."""
+
+    at: dict[tuple[str, str], float]
+    poller: Poller
+    loop: StandInLoop | None
+    loads: list[BackgroundLoad]
+
+
+def start_faults(fleet: Fleet, replicas: list[Replica], watch: ListenWatch, by_name: dict[str, Replica],
+                 policies: Path) -> Faults:
+    """Wait for every replica, then let the timed faults happen (the stalls and the hot GPUs count from each
+    engine's first listen) and start the TTFT surge; the moments are exact to the watch's 50 ms."""
+    # Each READY once, not all at the same moment: on a busy host the stalled pair may wedge (and leave
+    # readiness for good, the unrestarted twin above all) before the last replica has warmed up.
+    been_ready: set[str] = set()
+
+    def all_been_ready() -> bool:
+        been_ready.update(r.name for r in replicas if r.name not in been_ready and fleet.ready(r.name))
+        return len(been_ready) == len(replicas)
+
+    wait_until(all_been_ready, 90, what="every replica READY")
+    wait_until(lambda: len(watch.first) == len(replicas), 10, what="every engine listening")
+    fault_at = {("stall", side): watch.first[f"{side}-stalled"] + HANG_AFTER for side in "pb"}
+    fault_at |= {("hot", side): watch.first[f"{side}-hot"] + HOT_AFTER for side in "pb"}
+    poller = Poller(fleet)
+    loop = None if server_runs_policies() else StandInLoop(fleet.database_url, policies).__enter__()
+    # Requests that will wait on the wedged engines (and be lost with them: counted in the finding).
+    loads = [BackgroundLoad(LoadSpec(urls=[f"http://127.0.0.1:{by_name[f'{side}-stalled'].port}"],
+                                     concurrency=4, duration=0, prompt_tokens=32, max_tokens=64,
+                                     model=f"{side}-stall", request_timeout=600)).start() for side in "pb"]
+    wait_until(lambda: time.time() > max(fault_at[("stall", s)] for s in "pb"), 60, what="the stalls")
+    # A surge: arrivals paced above what the replica serves, so the queue and TTFT grow without pause.
+    loads += [BackgroundLoad(LoadSpec(
+        urls=[f"http://127.0.0.1:{by_name[f'{side}-slow{i}'].port}" for i in range(2)],
+        concurrency=2 * TTFT_STREAMS, rate=2 * TTFT_RATE, duration=0, prompt_tokens=256, max_tokens=128,
+        model=f"{side}-ttft", request_timeout=120)) for side in "pb"]
+    for load in loads[2:]:
+        load.start()
+    fault_at |= {("ttft", side): time.time() for side in "pb"}
+    return Faults(fault_at, poller, loop, loads)
+
+
 def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     sim = ["--sim-startup-seconds", "1"]
     # Each fault twice, at the same moments: a "p-" replica the policies cover and a "b-" twin they leave
@@ -162,33 +207,8 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         rules = rules_copy(tmp / "rules.yml", for_seconds=10 if quick else None, interval="5s" if quick else None)
         start_prometheus(tmp, procs, targets=[fleet.agent], alertmanager=am, rules=rules,
                          scrape_interval="5s" if quick else "15s", evaluation_interval="5s" if quick else "15s")
-        # Each READY once, not all at the same moment: on a busy host the stalled pair may wedge (and leave
-        # readiness for good, the unrestarted twin above all) before the last replica has warmed up.
-        been_ready: set[str] = set()
-
-        def all_been_ready() -> bool:
-            been_ready.update(r.name for r in replicas if r.name not in been_ready and fleet.ready(r.name))
-            return len(been_ready) == len(replicas)
-
-        wait_until(all_been_ready, 90, what="every replica READY")
-        wait_until(lambda: len(watch.first) == len(replicas), 10, what="every engine listening")
-        fault_at = {("stall", side): watch.first[f"{side}-stalled"] + HANG_AFTER for side in "pb"}
-        fault_at |= {("hot", side): watch.first[f"{side}-hot"] + HOT_AFTER for side in "pb"}
-        poller = Poller(fleet)
-        loop = None if server_runs_policies() else StandInLoop(fleet.database_url, policies).__enter__()
-        # Requests that will wait on the wedged engines (and be lost with them: counted in the finding).
-        loads = [BackgroundLoad(LoadSpec(urls=[f"http://127.0.0.1:{by_name[f'{side}-stalled'].port}"],
-                                         concurrency=4, duration=0, prompt_tokens=32, max_tokens=64,
-                                         model=f"{side}-stall", request_timeout=600)).start() for side in "pb"]
-        wait_until(lambda: time.time() > max(fault_at[("stall", s)] for s in "pb"), 60, what="the stalls")
-        # A surge: arrivals paced above what the replica serves, so the queue and TTFT grow without pause.
-        loads += [BackgroundLoad(LoadSpec(
-            urls=[f"http://127.0.0.1:{by_name[f'{side}-slow{i}'].port}" for i in range(2)],
-            concurrency=2 * TTFT_STREAMS, rate=2 * TTFT_RATE, duration=0, prompt_tokens=256, max_tokens=128,
-            model=f"{side}-ttft", request_timeout=120)) for side in "pb"]
-        for load in loads[2:]:
-            load.start()
-        fault_at |= {("ttft", side): time.time() for side in "pb"}
+        faults = start_faults(fleet, replicas, watch, by_name, policies)
+        fault_at, poller, loop, loads = faults.at, faults.poller, faults.loop, faults.loads
         got: dict[str, dict[str, Any]] = {}
         deadline = time.time() + args.timeout
 

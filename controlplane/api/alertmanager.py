@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter, HTTPException, Request, status
+from fastapi import APIRouter, Request, status
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.auth import AuthError
+from controlplane.api.bodies import Rejected, read_body
 from controlplane.api.context import AppContext, get_context
 from controlplane.policy.snapshot import ALERTMANAGER_POLICY, UNMAPPED
 from controlplane.remediation.alerting import FIRING, RESOLVED, fingerprint
@@ -50,12 +51,6 @@ WRITE_ATTEMPTS = 3
 _LOOPBACK_NAMES = frozenset({"localhost", "0.0.0.0", "::"})
 
 router = APIRouter(tags=["alertmanager"])
-
-
-class Rejected(HTTPException):
-    def __init__(self, code: int, reason: str, detail: Any) -> None:
-        super().__init__(code, detail)
-        self.reason = reason
 
 
 class _Lenient(BaseModel):
@@ -120,20 +115,6 @@ def _payload_schema() -> dict[str, Any]:
 
 
 # Reading the body -------------------------------------------------------------------------------------------
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise Rejected(status.HTTP_413_CONTENT_TOO_LARGE, "too_large", f"payload larger than {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise Rejected(status.HTTP_413_CONTENT_TOO_LARGE, "too_large", f"payload larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
 
 def parse_payload(body: bytes) -> AlertmanagerPayload:
     """The payload, or Rejected: 422 for a malformed one, 400 for a webhook version this server does not speak."""
@@ -335,7 +316,7 @@ async def post_alerts(request: Request) -> AlertmanagerReceipt:
     ctx = get_context(request)
     try:
         await run_in_threadpool(ctx.auth.require, request.headers.get("authorization"), Role.ALERTMANAGER)
-        payload = parse_payload(await _read_body(request, MAX_PAYLOAD_BYTES))
+        payload = parse_payload(await read_body(request, MAX_PAYLOAD_BYTES, "payload"))
     except Rejected as exc:
         ctx.telemetry.reject_alertmanager(exc.reason)
         raise

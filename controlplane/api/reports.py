@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from agent.wire import PROTOCOL_VERSION, DesiredState, NodeReport
 from controlplane.api.auth import AuthError
+from controlplane.api.bodies import Rejected, read_body
 from controlplane.api.context import get_context
 from controlplane.fleet.writer import Backlogged
 from controlplane.security.roles import Role
@@ -25,26 +26,6 @@ SUPPORTED_PROTOCOL_VERSIONS = frozenset({PROTOCOL_VERSION})
 BACKLOG_RETRY_AFTER_SECONDS = 5
 
 router = APIRouter(tags=["agents"])
-
-
-class Rejected(HTTPException):
-    def __init__(self, code: int, reason: str, detail: Any) -> None:
-        super().__init__(code, detail)
-        self.reason = reason
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise Rejected(status.HTTP_413_CONTENT_TOO_LARGE, "too_large", f"report larger than {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise Rejected(status.HTTP_413_CONTENT_TOO_LARGE, "too_large", f"report larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _parse(body: bytes, node: str) -> NodeReport:
@@ -89,7 +70,7 @@ async def post_report(node: str, request: Request) -> Response:
     ctx = get_context(request)
     try:
         ctx.auth.require(request.headers.get("authorization"), Role.AGENT, node=node)
-        body = await _read_body(request, ctx.config.max_report_bytes)
+        body = await read_body(request, ctx.config.max_report_bytes, "report")
         report = _parse(body, node)
     except Rejected as exc:
         ctx.telemetry.reject(exc.reason)
