@@ -10,7 +10,7 @@ from datetime import timedelta
 import pandas as pd
 import streamlit as st
 
-from controlplane.console import actions_view, shaping
+from controlplane.console import actions_view, alerts_view, shaping
 from controlplane.console.client import ApiUnavailable, ConsoleSettings, fetch_fleet, fetch_samples
 
 CHART_FIELDS = ("ttft_p99_seconds", "itl_p99_seconds", "rss_bytes")
@@ -53,6 +53,7 @@ def _fleet(settings: ConsoleSettings) -> None:
         _table(shaping.gpu_rows(fleet.gpus), "No GPUs reported.")
         st.subheader("Recent events")
         _table(shaping.event_rows(fleet.events), "No events yet.")
+        alerts_view.render(client)
         actions_view.render(client)
 
         if fleet.replicas:
