@@ -64,9 +64,14 @@ class _Channel(ConfigModel):
 
     @model_validator(mode="after")
     def _one_secret_form(self) -> _Channel:
+        self.check_secret_forms()
+        return self
+
+    def check_secret_forms(self) -> None:
+        """Exactly one of the secret's three forms (overridden where the secret may be absent)."""
         name = self.secret_name
         if name is None:
-            return self
+            return
         forms = [f for f in self.secret_forms() if getattr(self, f) is not None]
         choices = f"{name}, {name}_file or {name}_env"
         if len(forms) > 1:
@@ -77,7 +82,6 @@ class _Channel(ConfigModel):
         inline = getattr(self, name)
         if isinstance(inline, SecretStr) and not inline.get_secret_value():
             raise refuse("empty", (name,))
-        return self
 
     def secret_forms(self) -> tuple[str, str, str]:
         name = self.secret_name or ""
@@ -102,21 +106,24 @@ class PagerDuty(_Channel):
 
 
 class Slack(_Channel):
-    """A Slack incoming webhook. Its URL is the secret (anyone holding it can post), so there is no ``url``."""
+    """A Slack incoming webhook. Its URL is the secret (anyone holding it can post): give it as ``webhook_url``
+    in one of its three forms. ``url`` instead posts the same messages somewhere else (a local receiver in a
+    test, a relay) and needs no secret."""
 
     secret_name: ClassVar[str | None] = "webhook_url"
 
+    url: HttpUrl | None = None
     webhook_url: SecretStr | None = None
     webhook_url_file: FilePath | None = None
     webhook_url_env: EnvName | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _url_is_the_secret(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "url" in data:
-            raise refuse("Slack's URL is its secret: give it as webhook_url, webhook_url_file or "
-                         "webhook_url_env, not url", ("url",))
-        return data
+    def check_secret_forms(self) -> None:
+        if self.url is None:
+            super().check_secret_forms()
+            return
+        given = [f for f in self.secret_forms() if getattr(self, f) is not None]
+        if given:
+            raise refuse(f"give url (where to post) or {given[0]} (Slack's webhook), not both", ("url",))
 
     @field_validator("webhook_url")
     @classmethod

@@ -104,13 +104,15 @@ def resolve_secrets(config: NotifierConfig, env: Mapping[str, str],
     for receiver in config.receivers:
         channel, kind = receiver.channel, receiver.kind
         secret: SecretStr | None = None
-        if channel.secret_name is not None:
+        if channel.secret_name is not None and not (isinstance(channel, Slack) and channel.url is not None):
             try:
                 secret = _read_secret(channel, env, read_file)
             except _SecretProblem as exc:
                 errors.append(f"receiver {receiver.name!r}: {kind}.{exc.field}: {exc}")
                 continue
-        if isinstance(channel, Slack):
+        if isinstance(channel, Slack) and channel.url is not None:
+            url = SecretStr(channel.url)
+        elif isinstance(channel, Slack):
             assert secret is not None
             if not is_http_url(secret.get_secret_value()):
                 field = next(f for f in channel.secret_forms() if getattr(channel, f) is not None)

@@ -187,8 +187,9 @@ def test_secret_forms_are_checked():
     assert "pagerduty.routing_key_env: 'not a name' is not an environment variable name" in line
     (line,) = errors_of(one_receiver("slack: {webhook_url: not-a-url-SECRET}"))
     assert line == "server.yaml:5: notifier.receivers[0].slack.webhook_url: not an absolute http(s) URL"
-    (line,) = errors_of(one_receiver("slack: {url: https://hooks.slack.com/services/SECRET}"))
-    assert line.startswith("server.yaml:5: notifier.receivers[0].slack.url: Slack's URL is its secret")
+    (line,) = errors_of(one_receiver("slack: {url: http://127.0.0.1:9/hook, webhook_url: https://h/SECRET}"))
+    assert line.startswith("server.yaml:5: notifier.receivers[0].slack.url: give url (where to post) or "
+                           "webhook_url")
     assert "SECRET" not in line
 
 
@@ -255,7 +256,7 @@ def test_secrets_stay_out_of_validation_errors():
     text = notifier(f"""\
         receivers:
           - {{name: pager, pagerduty: {{routing_key: {PD_KEY}}}, slack: {{webhook_url: "{SLACK_URL}"}}}}
-          - {{name: chat, slack: {{url: "{SLACK_URL}"}}}}
+          - {{name: chat, slack: {{url: "https://relay.example/x", webhook_url: "{SLACK_URL}"}}}}
           - {{name: signed, webhook: {{url: "https://h.example/x", hmac_secret: {HOOK_SECRET}, hmac_secret_env: X}}}}
         route: {{receiver: pager}}
         """)
@@ -445,3 +446,10 @@ def test_matchers_given_as_fields_are_checked_too():
         Matcher(name="a", op="=~", value="(")
     with pytest.raises(ValidationError, match=r"op\n  Input should be '='"):
         Matcher.model_validate({"name": "a", "op": "==", "value": "x"})
+
+
+def test_every_receiver_takes_a_url_so_slack_can_post_to_a_local_server():
+    loaded = settings(one_receiver("slack: {url: http://127.0.0.1:9099/hook}")).notifier
+    resolved = resolve_secrets(loaded, env={}, read_file=lambda path: "")
+    [chat] = resolved.receivers.values()
+    assert chat.kind == "slack" and chat.url.get_secret_value() == "http://127.0.0.1:9099/hook"
