@@ -9,6 +9,7 @@ stamps each alert with its arrival time.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import time
@@ -81,8 +82,21 @@ class WebhookReceiver:
         return None
 
 
-def rules_copy(dest: Path, *, for_seconds: int | None = None, interval: str | None = None) -> Path:
-    """The product rules, unchanged by default; ``for_seconds``/``interval`` shorten them (labelled so)."""
+def duration_seconds(text: str) -> float:
+    """A Prometheus duration as the rules write it (``2m``, ``30s``, ``1h30m``, ``0s``) in seconds."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)", str(text))
+    if not parts or "".join(n + u for n, u in parts) != str(text):
+        raise ValueError(f"not a duration: {text!r}")
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def rules_copy(dest: Path, *, for_seconds: int | None = None, interval: str | None = None,
+               max_for_seconds: int | None = None) -> Path:
+    """The product rules, unchanged by default; ``for_seconds``/``interval`` shorten them (labelled so).
+
+    ``max_for_seconds`` caps every alert's ``for:`` (a longer one is cut to it, a shorter one is kept): a
+    tuned pipeline rather than a uniformly shortened one."""
     data = yaml.safe_load(RULES.read_text())
     for group in data["groups"]:
         if interval is not None:
@@ -90,6 +104,9 @@ def rules_copy(dest: Path, *, for_seconds: int | None = None, interval: str | No
         for rule in group["rules"]:
             if "alert" in rule and for_seconds is not None:
                 rule["for"] = f"{for_seconds}s"
+            if "alert" in rule and max_for_seconds is not None and \
+                    duration_seconds(rule.get("for", "0s")) > max_for_seconds:
+                rule["for"] = f"{max_for_seconds}s"
     dest.write_text(yaml.safe_dump(data, sort_keys=False))
     return dest
 
@@ -104,17 +121,19 @@ def rule_for(alertname: str) -> str:
 
 
 def start_alertmanager(tmp: Path, processes: Processes, webhook_url: str, *, group_wait: str = "30s",
-                       group_interval: str = "5m") -> str:
+                       group_interval: str = "5m", name: str = "alertmanager") -> str:
+    """Alertmanager posting to ``webhook_url``; config and storage under ``tmp``, its log as ``name``."""
     if ALERTMANAGER is None:
         raise RuntimeError("needs Debian's prometheus-alertmanager")
     port = free_port()
+    tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / "alertmanager.yml"
     config.write_text(yaml.safe_dump({
         "route": {"receiver": "pitstop", "group_by": ["alertname", "node", "replica", "gpu", "model"],
                   "group_wait": group_wait, "group_interval": group_interval, "repeat_interval": "4h"},
         "receivers": [{"name": "pitstop", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
     }))
-    processes.start_argv("alertmanager", [
+    processes.start_argv(name, [
         ALERTMANAGER, f"--config.file={config}", f"--storage.path={tmp / 'am-data'}",
         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
     ])
@@ -124,10 +143,13 @@ def start_alertmanager(tmp: Path, processes: Processes, webhook_url: str, *, gro
 
 
 def start_prometheus(tmp: Path, processes: Processes, *, targets: list[str], alertmanager: str, rules: Path,
-                     scrape_interval: str = "15s", evaluation_interval: str = "15s") -> str:
+                     scrape_interval: str = "15s", evaluation_interval: str = "15s",
+                     name: str = "prometheus") -> str:
+    """Prometheus scraping ``targets`` with ``rules``; config and storage under ``tmp``, its log as ``name``."""
     if PROMETHEUS is None:
         raise RuntimeError("needs Debian's prometheus")
     port = free_port()
+    tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / "prometheus.yml"
     config.write_text(yaml.safe_dump({
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval,
@@ -137,7 +159,7 @@ def start_prometheus(tmp: Path, processes: Processes, *, targets: list[str], ale
         "scrape_configs": [{"job_name": "pitstop-agent",
                             "static_configs": [{"targets": [t.removeprefix("http://") for t in targets]}]}],
     }))
-    processes.start_argv("prometheus", [
+    processes.start_argv(name, [
         PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'prom-data'}",
         f"--web.listen-address=127.0.0.1:{port}",
     ])

@@ -109,3 +109,24 @@ def test_control_plane_benchmark_keeps_up_and_times_its_rounds(tmp_path: Path) -
     # The policy process ran rounds during the load and the standalone pass saw the whole fleet.
     assert run["server_rounds"] >= 1 and run["replicas"] == 400, run
     assert run["warm_pass_s"] < run["cold_pass_s"] or run["cold_pass_s"] < 1, run
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus and alertmanager")
+def test_fault_to_page_pitstop_pages_before_the_stock_pipeline(tmp_path: Path) -> None:
+    doc = run_quick("fault_to_page.py", tmp_path / "f2p.json")
+    assert doc["settings"]["quick"] and "SHORTENED" in doc["settings"]["stock"]  # labelled as not the stock one
+    [run] = doc["runs"]
+    for fault in ("stall", "ttft", "hot"):
+        r = run[fault]
+        # PagerDuty got a trigger event carrying the fault's alert, after Pitstop's own record of the fault...
+        assert r["pitstop_page_s"] is not None, (fault, run["page_log"])
+        assert r["pitstop_action_s"] is not None and 0 < r["pitstop_action_s"] <= r["pitstop_page_s"], (fault, r)
+        # ... and before either Prometheus pipeline's webhook, which did deliver.
+        assert r["stock_s"] is not None and r["tuned_s"] is not None, (fault, r)
+        assert r["pitstop_page_s"] < r["stock_s"] and r["pitstop_page_s"] < r["tuned_s"], (fault, r)
+    # The storm: every alert reached the pager and the outbox emptied; one notification per (model, node) group.
+    [storm] = doc["storms"]
+    assert storm["alerts_carried"] == storm["alerts"] and storm["pending_at_end"] == 0, storm
+    assert storm["groups_paged"] == storm["groups_expected"], storm["per_group"]
+    assert storm["one_per_group"], (storm["per_group"], storm["queued"])
