@@ -10,14 +10,25 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from agent.supervisor import Want
 from agent.wire import DesiredState
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Want:
+    """What the replica should be doing: run ``args`` at ``generation``, or be stopped."""
+
+    enabled: bool
+    generation: int
+    args: list[str] = field(default_factory=list)
+    # Dump the running engine's stacks before leaving it for ``generation`` (a restart for a stall).
+    capture_stack: bool = False
 
 
 def plan_wants(desired: DesiredState, current: dict[str, Want]) -> dict[str, Want]:

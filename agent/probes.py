@@ -16,6 +16,16 @@ import httpx
 from agent.engine_metrics import MetricsParseError, parse_metrics
 
 
+def served_model_name(model: str, args: list[str]) -> str:
+    """The name the engine lists in /v1/models: ``--served-model-name`` if given, else the model."""
+    for i, arg in enumerate(args):
+        if arg == "--served-model-name" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--served-model-name="):
+            return arg.split("=", 1)[1]
+    return model
+
+
 async def engine_ready(client: httpx.AsyncClient, base_url: str, model: str, request_timeout: float) -> bool:
     """``/health`` is 200 and ``/v1/models`` lists ``model`` (any model when ``model`` is empty)."""
     try:

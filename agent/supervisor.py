@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -22,9 +21,10 @@ import httpx
 
 from agent.backoff import FailureWindow
 from agent.config import BackoffConfig, ReplicaConfig
+from agent.desired import Want
 from agent.engine_proc import EngineProcess
 from agent.pidfile import PidFile, end_group
-from agent.probes import engine_ready, in_flight, stream_completion
+from agent.probes import engine_ready, in_flight, served_model_name, stream_completion
 from agent.process_tree import client_connections
 from agent.progress import CanaryEvidence, Progress, ProgressWatch
 from agent.stackdump import StackDumper
@@ -37,27 +37,6 @@ S = ReplicaState
 T = TypeVar("T")
 Outcome = Literal["done", "exit", "wake", "timeout"]
 DRAIN_QUIET_POLLS = 2  # consecutive polls with nothing running or waiting before the drain is done
-
-
-@dataclass(frozen=True)
-class Want:
-    """What the replica should be doing: run ``args`` at ``generation``, or be stopped."""
-
-    enabled: bool
-    generation: int
-    args: list[str] = field(default_factory=list)
-    # Dump the running engine's stacks before leaving it for ``generation`` (a restart for a stall).
-    capture_stack: bool = False
-
-
-def served_model_name(model: str, args: list[str]) -> str:
-    """The name the engine lists in /v1/models: ``--served-model-name`` if given, else the model."""
-    for i, arg in enumerate(args):
-        if arg == "--served-model-name" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--served-model-name="):
-            return arg.split("=", 1)[1]
-    return model
 
 
 class ReplicaSupervisor:

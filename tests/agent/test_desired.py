@@ -10,9 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.desired import DesiredStore, plan_wants
+from agent.desired import DesiredStore, Want, plan_wants
 from agent.reporter import Reporter, ReportError, report_retry_delay
-from agent.supervisor import Want
 from agent.wire import PROTOCOL_VERSION, DesiredState, GpuSample, NodeReport, ReplicaSpec
 
 
