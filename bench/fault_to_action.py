@@ -131,6 +131,31 @@ class Poller:
         self._thread.join(timeout=5)
 
 
+def fault_fleet() -> tuple[list[Replica], dict[str, Replica]]:
+    """The benchmark's eight simulated replicas (and by name): each fault on a "p-" replica and a "b-" twin."""
+    sim = ["--sim-startup-seconds", "1"]
+    # Each fault twice, at the same moments: a "p-" replica the policies cover and a "b-" twin they leave
+    # alone, so the stock pipeline still sees the fault Pitstop has already fixed on the other one.
+    replicas = []
+    # The TTFT model has two replicas: the governor's canary may take one of them out (budget: one READY).
+    for side, first_gpu in (("p", 0), ("b", 4)):
+        replicas += [
+            Replica(f"{side}-stalled", args=[*sim, "--fault-hang-after", f"{HANG_AFTER:g}", "--fault-hang-gauges",
+                                             "zero"], gpu=first_gpu,
+                    model=f"{side}-stall"),
+            *(Replica(f"{side}-slow{i}", args=[*sim, "--max-num-seqs", str(TTFT_SEQS)], gpu=first_gpu + 1 + i,
+                      model=f"{side}-ttft") for i in range(2)),
+            Replica(f"{side}-hot", args=[*sim, "--fault-hot-gpu-after", f"{HOT_AFTER:g}"], gpu=first_gpu + 3,
+                    model=f"{side}-hot"),
+        ]
+    common = {"warmup": {"requests": 2, "settle_count": 0}, "drain_timeout": 3, "stop_timeout": 5,
+              "shutdown_timeout": 2}
+    for r in replicas:
+        r.extra = dict(common)
+    by_name = {r.name: r for r in replicas}
+    return replicas, by_name
+
+
 @dataclass
 class Faults:
     """The faults under way: when each began (per fault and twin side), and what the run must stop after."""
@@ -176,26 +201,7 @@ def start_faults(fleet: Fleet, replicas: list[Replica], watch: ListenWatch, by_n
 
 
 def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
-    sim = ["--sim-startup-seconds", "1"]
-    # Each fault twice, at the same moments: a "p-" replica the policies cover and a "b-" twin they leave
-    # alone, so the stock pipeline still sees the fault Pitstop has already fixed on the other one.
-    replicas = []
-    # The TTFT model has two replicas: the governor's canary may take one of them out (budget: one READY).
-    for side, first_gpu in (("p", 0), ("b", 4)):
-        replicas += [
-            Replica(f"{side}-stalled", args=[*sim, "--fault-hang-after", f"{HANG_AFTER:g}", "--fault-hang-gauges",
-                                             "zero"], gpu=first_gpu,
-                    model=f"{side}-stall"),
-            *(Replica(f"{side}-slow{i}", args=[*sim, "--max-num-seqs", str(TTFT_SEQS)], gpu=first_gpu + 1 + i,
-                      model=f"{side}-ttft") for i in range(2)),
-            Replica(f"{side}-hot", args=[*sim, "--fault-hot-gpu-after", f"{HOT_AFTER:g}"], gpu=first_gpu + 3,
-                    model=f"{side}-hot"),
-        ]
-    common = {"warmup": {"requests": 2, "settle_count": 0}, "drain_timeout": 3, "stop_timeout": 5,
-              "shutdown_timeout": 2}
-    for r in replicas:
-        r.extra = dict(common)
-    by_name = {r.name: r for r in replicas}
+    replicas, by_name = fault_fleet()
     policies = policy_dir(tmp / "policies", args.policy_for)
     server = {"policy_dir": str(policies), "policy_interval_seconds": 1.0}
     with Processes(tmp / "logs") as procs, WebhookReceiver() as hook:

@@ -55,12 +55,12 @@ from bench.fault_to_action import (  # the same faults on the same fleet
     HOT_AFTER,
     LABELS,
     POLICY,
-    TTFT_SEQS,
+    fault_fleet,
     policy_dir,
     start_faults,
 )
 from bench.harness.figures import fmt, host_note, median, ratio, table, write_json
-from bench.harness.fleet import Fleet, ListenWatch, Replica, server_config, wall
+from bench.harness.fleet import Fleet, ListenWatch, server_config, wall
 from bench.harness.pager import PagerDutyReceiver
 from bench.harness.policy_loop import server_runs_policies
 from bench.harness.procs import Processes, free_port, http_ok, wait_until
@@ -122,22 +122,7 @@ def stock_first(hook: WebhookReceiver, fault: str) -> dict[str, Any] | None:
 
 def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One run of the three faults: Pitstop's page, the stock and the tuned pipelines' webhooks."""
-    sim = ["--sim-startup-seconds", "1"]
-    replicas = []
-    for side, first_gpu in (("p", 0), ("b", 4)):
-        replicas += [
-            Replica(f"{side}-stalled", args=[*sim, "--fault-hang-after", f"{HANG_AFTER:g}", "--fault-hang-gauges",
-                                             "zero"], gpu=first_gpu, model=f"{side}-stall"),
-            *(Replica(f"{side}-slow{i}", args=[*sim, "--max-num-seqs", str(TTFT_SEQS)], gpu=first_gpu + 1 + i,
-                      model=f"{side}-ttft") for i in range(2)),
-            Replica(f"{side}-hot", args=[*sim, "--fault-hot-gpu-after", f"{HOT_AFTER:g}"], gpu=first_gpu + 3,
-                    model=f"{side}-hot"),
-        ]
-    common = {"warmup": {"requests": 2, "settle_count": 0}, "drain_timeout": 3, "stop_timeout": 5,
-              "shutdown_timeout": 2}
-    for r in replicas:
-        r.extra = dict(common)
-    by_name = {r.name: r for r in replicas}
+    replicas, by_name = fault_fleet()
     policies = policy_dir(tmp / "policies", args.policy_for)
     quick = args.quick
     with Processes(tmp / "logs") as procs, WebhookReceiver() as stock_hook, WebhookReceiver() as tuned_hook, \

@@ -8,13 +8,11 @@ per alert of the group, ``alert NN <alertname>``), so a benchmark can tell which
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
+
+from bench.harness.receiver import Answer, LoopbackReceiver
 
 
 @dataclass(frozen=True)
@@ -49,43 +47,21 @@ class PagerEvent:
                 if k.startswith("alert ") and not k.endswith(" evidence") and isinstance(v, dict)]
 
 
-class PagerDutyReceiver:
+class PagerDutyReceiver(LoopbackReceiver):
     """Loopback Events v2 endpoint; ``url`` goes in a ``pagerduty`` receiver's ``url``."""
 
     def __init__(self, code: int = 202) -> None:
         self.events: list[PagerEvent] = []
-        received, lock = self.events, threading.Lock()
+        self.code = code
+        super().__init__("/v2/enqueue", self._receive)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                at = time.time()
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                try:
-                    body = json.loads(raw)
-                except ValueError:
-                    body = {"unreadable": raw[:200].decode(errors="replace")}
-                with lock:
-                    received.append(PagerEvent(at, body, len(raw)))
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(b'{"status":"success","message":"Event processed"}')
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v2/enqueue"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> PagerDutyReceiver:
-        self.thread.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _receive(self, at: float, raw: bytes) -> Answer:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = {"unreadable": raw[:200].decode(errors="replace")}
+        self.events.append(PagerEvent(at, body, len(raw)))
+        return self.code, {"Content-Type": "application/json"}, b'{"status":"success","message":"Event processed"}'
 
     def triggers(self) -> list[PagerEvent]:
         return [e for e in list(self.events) if e.action == "trigger"]

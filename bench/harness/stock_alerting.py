@@ -11,17 +11,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import threading
-import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
 import yaml
 
 from bench.harness.procs import Processes, free_port, http_ok, wait_until
+from bench.harness.receiver import Answer, LoopbackReceiver
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "alerts" / "pitstop-rules.yml"
@@ -39,39 +35,18 @@ class Delivery:
     annotations: dict[str, str]
 
 
-class WebhookReceiver:
+class WebhookReceiver(LoopbackReceiver):
     """Alertmanager webhook (version 4) posts on a loopback port, each alert kept with its arrival time."""
 
     def __init__(self) -> None:
         self.deliveries: list[Delivery] = []
-        received = self.deliveries
-        lock = threading.Lock()
+        super().__init__("/alerts", self._receive)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                at = time.time()
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                with lock:
-                    received.extend(Delivery(at, a.get("status", ""), a.get("labels", {}), a.get("annotations", {}))
-                                    for a in body.get("alerts", []))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> WebhookReceiver:
-        self.thread.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _receive(self, at: float, raw: bytes) -> Answer:
+        body = json.loads(raw)
+        self.deliveries.extend(Delivery(at, a.get("status", ""), a.get("labels", {}), a.get("annotations", {}))
+                               for a in body.get("alerts", []))
+        return 200, {}, b""
 
     def first(self, alertname: str, **labels: str) -> Delivery | None:
         """The earliest firing delivery of ``alertname`` whose labels include ``labels``."""
