@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from controlplane import audit
 from controlplane.api.context import (
     AppContext,
+    Ctx,
+    Db,
+    Operator,
+    RowId,
     client_address,
-    get_context,
-    get_session,
-    require_operator,
     require_reader,
 )
 from controlplane.policy.kinds import spec
@@ -38,14 +38,8 @@ from controlplane.security.roles import Principal, Role, role_allows
 from controlplane.store.db import session_scope
 from controlplane.store.models import ActionRow
 
-# Ids are database integers: a larger number is a 422, not an overflow in the driver.
-RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
-
 router = APIRouter(prefix="/v1", tags=["actions"])
 
-Ctx = Annotated[AppContext, Depends(get_context)]
-Db = Annotated[Session, Depends(get_session)]
-Operator = Annotated[Principal, Depends(require_operator)]
 StateFilter = Annotated[ActionState | None, Query()]
 
 

@@ -5,33 +5,25 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, Field
-from sqlalchemy.orm import Session
 
 from agent.wire import NAME_PATTERN
 from controlplane import audit
 from controlplane.alerts import AlertDetailOut, AlertOut, get_alert, list_alerts, resolve_by_hand
 from controlplane.api.context import (
-    AppContext,
+    Admin,
+    Ctx,
+    Db,
+    RowId,
     client_address,
-    get_context,
-    get_session,
-    require_admin,
     require_operator,
     require_reader,
 )
 from controlplane.security import tokens
 from controlplane.security.roles import Principal, Role
 
-# Ids are database integers: a larger number is a 422, not an overflow in the driver.
-RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
-
 router = APIRouter(prefix="/v1", tags=["admin"])
-
-Ctx = Annotated[AppContext, Depends(get_context)]
-Db = Annotated[Session, Depends(get_session)]
-Admin = Annotated[Principal, Depends(require_admin)]
 
 
 class TokenRequest(BaseModel):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Path, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -72,3 +73,12 @@ def require_operator(request: Request) -> Principal:
 
 def require_admin(request: Request) -> Principal:
     return _principal(request, Role.ADMIN)
+
+
+# The parameters every router declares the same way: the app's context, a session, the caller's principal at a
+# role, and a row id (a database integer: a larger number is a 422, not an overflow in the driver).
+Ctx = Annotated[AppContext, Depends(get_context)]
+Db = Annotated[Session, Depends(get_session)]
+Operator = Annotated[Principal, Depends(require_operator)]
+Admin = Annotated[Principal, Depends(require_admin)]
+RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]

@@ -3,29 +3,21 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from sqlalchemy.orm import Session
 
 from agent.wire import NAME_PATTERN
 from controlplane import audit
 from controlplane.api.context import (
-    AppContext,
+    Ctx,
+    Db,
+    Operator,
     client_address,
-    get_context,
-    get_session,
-    require_operator,
     require_reader,
 )
 from controlplane.fleet.desired import DesiredChange, DesiredOut, forget_node, list_desired, set_desired
-from controlplane.security.roles import Principal
 
 router = APIRouter(prefix="/v1", tags=["desired state"])
-
-Ctx = Annotated[AppContext, Depends(get_context)]
-Db = Annotated[Session, Depends(get_session)]
-Operator = Annotated[Principal, Depends(require_operator)]
 
 
 @router.get("/desired", response_model=list[DesiredOut], dependencies=[Depends(require_reader)],

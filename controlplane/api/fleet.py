@@ -6,16 +6,16 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query
-from sqlalchemy.orm import Session
 
-from controlplane.api.context import AppContext, get_context, get_session, require_reader
+from controlplane.api.context import (
+    Ctx,
+    Db,
+    require_reader,
+)
 from controlplane.fleet import queries
 from controlplane.fleet.schemas import EventOut, GpuOut, NodeDetail, NodeOut, ReplicaOut, SampleOut
 
 router = APIRouter(prefix="/v1", tags=["fleet"], dependencies=[Depends(require_reader)])
-
-Ctx = Annotated[AppContext, Depends(get_context)]
-Db = Annotated[Session, Depends(get_session)]
 
 
 @router.get("/nodes", response_model=list[NodeOut], summary="All nodes, with status and last report age")

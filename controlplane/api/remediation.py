@@ -7,14 +7,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
-from sqlalchemy.orm import Session
 
 from controlplane import audit
 from controlplane.api.context import (
-    AppContext,
+    Ctx,
+    Db,
     client_address,
-    get_context,
-    get_session,
     require_operator,
     require_reader,
 )
@@ -28,8 +26,6 @@ from controlplane.remediation.snapshot import build_snapshot
 from controlplane.security.roles import Principal
 
 router = APIRouter(prefix="/v1", tags=["remediation"])
-Ctx = Annotated[AppContext, Depends(get_context)]
-Db = Annotated[Session, Depends(get_session)]
 
 
 class PolicyErrorOut(BaseModel):

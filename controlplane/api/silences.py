@@ -11,33 +11,24 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 from sqlalchemy import Select, select
-from sqlalchemy.orm import Session
 
 from controlplane import audit
 from controlplane.api.context import (
-    AppContext,
+    Ctx,
+    Db,
+    Operator,
+    RowId,
     client_address,
-    get_context,
-    get_session,
-    require_operator,
     require_reader,
 )
 from controlplane.notify.silencing import MAX_LENGTH, MAX_MATCHERS, RECENT, SilenceState, parse_matchers, silence_state
 from controlplane.policy.durations import format_duration, parse_duration
-from controlplane.security.roles import Principal
 from controlplane.store.models import SilenceRow
 
-# Ids are database integers: a larger number is a 422, not an overflow in the driver.
-RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
-
 router = APIRouter(prefix="/v1", tags=["silences"])
-
-Ctx = Annotated[AppContext, Depends(get_context)]
-Db = Annotated[Session, Depends(get_session)]
-Operator = Annotated[Principal, Depends(require_operator)]
 
 
 class SilenceRequest(BaseModel):
