@@ -1,8 +1,9 @@
 """The agent's own /metrics: a client_python ``Collector`` over the agent's current state.
 
-Every exported series is declared in ``EXPORTED`` below (one row each: name, kind, labels, help). Labels:
-``node`` on all; ``gpu`` on GPU series; ``replica`` and ``model`` on replica series; ``state`` and ``quantile``
-where noted.
+Every exported series is declared in the table below (one row each: name, kind, meaning). Labels: ``node`` on
+all but ``pitstop_build_info`` and prometheus_client's ``process_*`` (the scrape's ``instance`` names the
+node); ``gpu`` on GPU series; ``replica`` and ``model`` on replica series; ``state``, ``quantile``, ``reason``
+and ``fault``, ``xid`` and ``blast_radius``, ``version`` and ``python`` where noted.
 
 =====================================  =========  ===================================================
 name                                   kind       meaning
@@ -16,6 +17,12 @@ pitstop_gpu_power_watts                gauge      board power draw
 pitstop_gpu_power_limit_watts          gauge      enforced power limit
 pitstop_gpu_ecc_uncorrected_total      counter    uncorrected ECC errors (volatile)
 pitstop_gpu_xid_events_total           counter    XID critical errors seen by the agent
+pitstop_gpu_xid_errors_total           counter    XID errors per code (``xid``) and ``blast_radius`` (hardware,
+                                                  application, unknown: ``agent.gpu.xid``); codes that occurred
+pitstop_gpu_throttle_reason            gauge      1 while the clocks-event ``reason`` is active, 0 otherwise, for
+                                                  every known reason; ``fault="true"`` for heat and hardware
+                                                  slowdowns, ``"false"`` for the normal ones such as
+                                                  ``sw_power_cap`` (``agent.gpu.throttle``)
 pitstop_gpu_orphan_processes           gauge      processes with memory on the GPU that no replica started
 pitstop_node_cordoned                  gauge      1 while the control plane has cordoned the node
 pitstop_gpu_cordoned                   gauge      1 while the control plane has cordoned the GPU alone
@@ -39,18 +46,26 @@ pitstop_engine_stalled                 gauge      1 when work is queued but no t
 pitstop_engine_scrape_errors_total     counter    failed scrapes of the engine's /metrics
 pitstop_canary_ttft_seconds            gauge      TTFT of the last canary request
 pitstop_canary_ok                      gauge      1 when the last canary completed in time
+pitstop_build_info                     gauge      1, labelled with the agent's ``version`` and ``python``
+process_cpu_seconds_total              counter    the agent process's CPU time (prometheus_client's
+                                                  process collector, with ``process_resident_memory_bytes``,
+                                                  ``process_open_fds``, ``process_start_time_seconds`` ...)
 =====================================  =========  ===================================================
 """
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from agent.gpu.throttle import FAULT_REASONS, KNOWN_REASONS
+from agent.gpu.xid import classify_xid
 from agent.wire import GpuSample, ReplicaState, ReplicaStatus
+from pitstop import __version__
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,7 @@ class ExportState:
     cordoned: bool = False
     orphans: dict[int, int] = field(default_factory=dict)  # GPU index -> processes no replica started
     cordoned_gpus: list[int] = field(default_factory=list)
+    xid_counts: dict[int, dict[int, int]] = field(default_factory=dict)  # GPU index -> XID code -> events
 
 
 GpuValue = Callable[[GpuSample], float | int | None]
@@ -124,6 +140,9 @@ QUANTILE_SERIES: tuple[tuple[str, str, str], ...] = (
     ("pitstop_engine_itl_seconds", "Inter-token latency over the last window.", "itl"),
 )
 QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))
+# (reason, fault) label pairs of every known clocks-event reason, so each GPU's series always exist.
+THROTTLE_LABELS = tuple((r, "true" if r in FAULT_REASONS else "false") for r in KNOWN_REASONS)
+BUILD_LABELS = (__version__, platform.python_version())
 
 
 def _family(name: str, kind: str, doc: str, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
@@ -143,6 +162,10 @@ class AgentCollector(Collector):
         cordoned = GaugeMetricFamily("pitstop_node_cordoned", "1 while the node is cordoned.", labels=["node"])
         cordoned.add_metric([state.node], float(state.cordoned))
         yield cordoned
+        build = GaugeMetricFamily("pitstop_build_info", "The agent's version and Python.",
+                                  labels=["version", "python"])
+        build.add_metric(BUILD_LABELS, 1.0)
+        yield build
         yield from self._gpu(state)
         yield from self._replicas(state)
 
@@ -154,6 +177,19 @@ class AgentCollector(Collector):
                 if v is not None:
                     family.add_metric([state.node, str(gpu.index)], float(v))
             yield family
+        throttle = GaugeMetricFamily("pitstop_gpu_throttle_reason", "1 while the clocks-event reason is active.",
+                                     labels=["node", "gpu", "reason", "fault"])
+        for gpu in state.gpus:
+            active, gpu_label = gpu.throttle_reasons, str(gpu.index)
+            for reason, fault in THROTTLE_LABELS:
+                throttle.add_metric([state.node, gpu_label, reason, fault], 1.0 if reason in active else 0.0)
+        yield throttle
+        xids = CounterMetricFamily("pitstop_gpu_xid_errors", "XID errors per code.",
+                                   labels=["node", "gpu", "xid", "blast_radius"])
+        for gpu_index, counts in sorted(state.xid_counts.items()):
+            for code, count in sorted(counts.items()):
+                xids.add_metric([state.node, str(gpu_index), str(code), classify_xid(code)], float(count))
+        yield xids
         orphans = GaugeMetricFamily("pitstop_gpu_orphan_processes",
                                     "Processes holding memory on the GPU that no replica started.",
                                     labels=["node", "gpu"])

@@ -21,7 +21,7 @@ from datetime import datetime
 import httpx
 import psutil
 import uvicorn
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from agent.api import create_app
 from agent.attached import AttachedReplica
@@ -29,6 +29,7 @@ from agent.config import AgentConfig
 from agent.desired import DesiredStore, plan_wants
 from agent.exporter import AgentCollector, ExportState
 from agent.gpu import GpuBackend
+from agent.gpu.xid import XidLedger
 from agent.orphans import Orphan, OrphanWatch
 from agent.probes import generation_tokens, stream_completion
 from agent.process_tree import ProcessTreeSampler
@@ -105,10 +106,13 @@ class Agent:
                          for name, r in self.replicas.items()}
         self.samplers = {name: ProcessTreeSampler() for name in self.replicas}
         self.gpus: list[GpuSample] = []
+        # Every XID code read, counted per code for /metrics and kept until a report delivers it.
+        self.xid_ledger = XidLedger()
         self.sequence = 0
         self.desired_store = DesiredStore(self.state_dir)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AgentCollector(self.export_state))
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         self.reporter = (Reporter(report_client or client, config.control_plane, self.node, config.token, wall=wall)
                          if config.control_plane else None)
         self._ticks = 0
@@ -132,7 +136,7 @@ class Agent:
     def export_state(self) -> ExportState:
         return ExportState(node=self.node, gpus=list(self.gpus), replicas=self.statuses(), cordoned=self.cordoned,
                            cordoned_gpus=sorted(self.cordoned_gpus),
-                           orphans=self.orphans.per_gpu(),
+                           orphans=self.orphans.per_gpu(), xid_counts=self.xid_ledger.counts,
                            scrape_errors={n: s.errors_total for n, s in self.scrapers.items()})
 
     # ---- desired state ----------------------------------------------------------------------------------
@@ -160,6 +164,8 @@ class Agent:
     async def collect_once(self) -> None:
         reading = await asyncio.to_thread(self.gpu.read)  # NVML calls block
         self.gpus = reading.gpus
+        for gpu in reading.gpus:
+            self.xid_ledger.observe(gpu.index, gpu.xids)
         canary = self.config.canary_every > 0 and self._ticks % self.config.canary_every == 0
         self._ticks += 1
         await asyncio.gather(*(self._collect_replica(n, r, reading.process_memory, canary)
@@ -255,18 +261,35 @@ class Agent:
             events.extend(replica.machine.drain_events())
         events.sort(key=lambda e: e.at)
         self.sequence += 1
+        # A GPU's XIDs in a report: every code read since the last delivered report (not only the last read's).
+        xids = self.xid_ledger.take()
+        listed = {g.index for g in self.gpus}
+        self.xid_ledger.requeue({i: codes for i, codes in xids.items() if i not in listed})  # for when it is back
         return NodeReport(
             protocol_version=PROTOCOL_VERSION, node=self.node, hostname=socket.gethostname(),
             agent_version=__version__, agent_url=f"http://{self.config.host}:{self.bound_port or self.config.port}",
             memory_total_bytes=self.host_memory_bytes,
             sent_at=self.wall(), sequence=self.sequence, replicas=self.statuses(),
-            gpus=[g.model_copy(update={"cordoned": True}) if g.index in self.cordoned_gpus else g
-                  for g in self.gpus],
+            gpus=[self._reported_gpu(g, xids.get(g.index, [])) for g in self.gpus],
             events=events[-MAX_REPORT_EVENTS:])
 
-    def _requeue(self, report: NodeReport) -> None:
+    def _reported_gpu(self, gpu: GpuSample, xids: list[int]) -> GpuSample:
+        """A GPU as a report carries it: fenced or not, with the XIDs read since the last delivered report."""
+        cordoned = gpu.index in self.cordoned_gpus
+        if not cordoned and xids == gpu.xids:
+            return gpu
+        return gpu.model_copy(update={"cordoned": cordoned, "xids": xids})
+
+    def _requeue(self, report: NodeReport, refused: bool = False) -> None:
         for name, replica in self.replicas.items():
             replica.machine.requeue([e for e in report.events if e.replica == name])
+        xids = {g.index: g.xids for g in report.gpus if g.xids}
+        if refused and xids:
+            # A control plane that predates ``xids`` refuses every report carrying them: drop them rather than
+            # stop reporting (it still reads xid_events_total and last_xid).
+            log.warning("control plane refused a report with XID codes %s; sending them no more", xids)
+        else:
+            self.xid_ledger.requeue(xids)
 
     async def report_once(self) -> DesiredState:
         """Send one report; apply and persist the answer. Raises ``ReportError`` (events are kept)."""
@@ -274,8 +297,8 @@ class Agent:
         report = self.build_report()
         try:
             desired = await self.reporter.send(report)
-        except ReportError:
-            self._requeue(report)
+        except ReportError as exc:
+            self._requeue(report, refused=exc.refused_content)
             raise
         if desired != self._saved_desired:  # the same answer every second: write it once
             self.desired_store.save(desired)

@@ -22,10 +22,17 @@ __all__ = ["RETRY_CAP_SECONDS", "ReportError", "Reporter", "next_attempt_in", "r
 class ReportError(Exception):
     """The report did not get a usable answer; retried after ``next_attempt_in``."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, retry_after: float | None = None, status: int | None = None) -> None:
         super().__init__(message)
         # What the control plane asked for with Retry-After (a 503 while its write backlog is full, a 429).
         self.retry_after = retry_after
+        # The HTTP status of a refusal; None when no answer came (or it was unusable).
+        self.status = status
+
+    @property
+    def refused_content(self) -> bool:
+        """The control plane read the report and refused what it says (422): the same content fails again."""
+        return self.status == 422
 
 
 class Reporter:
@@ -46,7 +53,8 @@ class Reporter:
         if response.status_code >= 300:
             retry_after = (retry_after_seconds(response.headers.get("retry-after"), self.wall())
                            if response.status_code in (429, 503) else None)
-            raise ReportError(f"HTTP {response.status_code} from {self.url}: {response.text[:300]}", retry_after)
+            raise ReportError(f"HTTP {response.status_code} from {self.url}: {response.text[:300]}", retry_after,
+                              response.status_code)
         try:
             return DesiredState.model_validate_json(response.content)
         except ValidationError as exc:

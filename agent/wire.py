@@ -18,6 +18,8 @@ PROTOCOL_VERSION = 1
 
 # Names are DNS-label-like so they are safe in URLs, Prometheus labels and file names.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+# XID codes one GPU sample carries at most (``GpuSample.xids``; ``agent.gpu.xid.merge_xids`` keeps to it).
+MAX_XIDS = 32
 
 
 class ReplicaState(StrEnum):
@@ -84,8 +86,14 @@ class GpuSample(_Grown):
     last_xid: int | None = None
     # The control plane has fenced this GPU: the agent keeps the replicas that use it drained and stopped.
     cordoned: bool = False
+    # Every XID code logged since the previous sample, oldest first: from a backend, since its previous read; in
+    # a report, since the previous report that was delivered (``last_xid`` is only the newest of them). At most
+    # ``MAX_XIDS``: past it repeats go first, so each distinct code survives; ``xid_events_total`` still
+    # counts every event. Added after protocol 1: an older control plane refuses a report carrying XIDs (422),
+    # and the agent then drops them rather than stop reporting.
+    xids: list[int] = Field(default_factory=list, max_length=MAX_XIDS)
 
-    _added_fields = ("cordoned",)
+    _added_fields = ("cordoned", "xids")
 
 
 class EngineSample(_Grown):

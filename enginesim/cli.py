@@ -74,7 +74,8 @@ def _serve_parser() -> argparse.ArgumentParser:
     f.add_argument("--fault-fail-start", action="store_true", default=None, help="exit 1 during start-up")
     f.add_argument("--fault-error-rate", type=float, default=None, help="fraction of requests answered 500")
     f.add_argument("--fault-xid-after", type=float, default=None, help="seconds until a simulated XID event")
-    f.add_argument("--fault-xid-code", type=int, default=None, help="XID code (default 13)")
+    f.add_argument("--fault-xid-code", default=None, metavar="CODE[,CODE...]",
+                   help="XID code (default 13); several, comma-separated, are logged at the same instant")
     f.add_argument("--fault-hot-gpu-after", type=float, default=None,
                    help="seconds until the GPU heats past its slowdown temperature")
     f.add_argument("--fault-slow-all-reduce-ms", type=float, default=None, metavar="MS",

@@ -94,6 +94,9 @@ class Engine:
         self.death_message = ""
         self.died = asyncio.Event()
         self.busy_seconds = 0.0
+        # Step time weighted by how much of the GPU each step's batch fills (``SpeedProfile.utilization``): its
+        # rise over an interval, divided by the interval, is the GPU's utilisation.
+        self.load_seconds = 0.0
         self.completed = 0
         self.steps = 0
         self._rng = random.Random(seed)
@@ -252,6 +255,7 @@ class Engine:
             self._step_end = step_end
             await self.clock.sleep(step_end - now)
             self.busy_seconds += seconds
+            self.load_seconds += seconds * self.profile.utilization(len(plan.scheduled))
             if self.state is not EngineState.RUNNING:
                 break
             self._on_step_done(plan)
@@ -309,6 +313,7 @@ class Engine:
             m.tpot.observe((now - handle.first_token) / (handle.seq.generated - 1))
         m.request_prompt_tokens.observe(handle.seq.prompt_tokens)
         m.request_generation_tokens.observe(handle.seq.generated)
+        m.request_preemptions.observe(handle.seq.num_preemptions)
         if deliver:
             handle.events.put_nowait(Finished(reason))
 

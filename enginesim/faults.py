@@ -34,13 +34,25 @@ class FaultConfig:
     fail_start: bool = False
     error_rate: float = 0.0
     xid_after: float | None = None
-    xid_code: int = 13
+    # One XID code, or several separated by commas, all logged at once (one interval of the agent's reads).
+    xid_code: str = "13"
     hot_gpu_after: float | None = None
     slow_all_reduce_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.hang_gauges not in HANG_GAUGES:
             raise ValueError(f"hang gauges must be one of {', '.join(HANG_GAUGES)}, got {self.hang_gauges!r}")
+        try:
+            codes = self.xid_codes
+        except ValueError:
+            codes = []
+        if not codes or any(c < 0 for c in codes):
+            raise ValueError(f"XID codes must be integers separated by commas, got {self.xid_code!r}")
+
+    @property
+    def xid_codes(self) -> list[int]:
+        """The XID codes the XID fault logs, in order."""
+        return [int(c) for c in str(self.xid_code).split(",") if c.strip()]
 
     @staticmethod
     def flag(name: str) -> str:

@@ -13,15 +13,23 @@ is stale. Its one JSON object has these keys:
 - ``memory_total_bytes`` (int); ``memory_used_bytes`` (int): this process's use, the
   ``--gpu-memory-utilization`` share of the total taken at start plus any leak
   (``--fault-leak-gpu-mb-per-min``);
-- ``utilization_ratio`` (float 0-1): the share of the last interval the engine spent in steps;
-- ``power_watts``, ``power_limit_watts`` (float): power follows utilisation between idle and busy draw;
-- ``temperature_celsius`` (float): first-order lag toward a steady state set by utilisation (time constant
-  two minutes), cooling toward idle when the engine idles; ``slowdown_temperature_celsius`` and
-  ``shutdown_temperature_celsius`` (float): the thresholds NVML would report;
-- ``xid_events`` (list of ``{"code": int, "at": float}``): simulated XID errors so far (``--fault-xid-after``).
+- ``utilization_ratio`` (float 0-1): how busy the engine kept the GPU over the last interval: each step counts
+  its duration times ``1 - exp(-batch / scale)`` (``SpeedProfile.utilization``), so one request leaves most of
+  the GPU idle and a full batch saturates it;
+- ``power_watts`` (float): the board's draw, idle included, rising with utilisation from ``power_idle_watts``
+  (float) towards what full load would ask for, held at ``POWER_CAP_HOLD`` of ``power_limit_watts`` (float)
+  once it reaches it (``throttle_reasons`` then lists ``sw_power_cap``);
+- ``throttle_reasons`` (list of str): the NVML clocks-event reasons active (``agent.gpu.throttle``'s names);
+- ``temperature_celsius`` (float): idle plus two first-order lags towards a steady state set by the power
+  drawn: the die's (time constant 0.3 s, most of the rise) and the heatsink's (10 s), so a GPU warms within
+  seconds of load, falls most of the way back within seconds of it stopping, and the rest more slowly;
+  ``slowdown_temperature_celsius`` and ``shutdown_temperature_celsius`` (float): the thresholds NVML would
+  report;
+- ``xid_events`` (list of ``{"code": int, "at": float}``): simulated XID errors so far, oldest first, several
+  at one instant when several codes are injected at once (``--fault-xid-after``, ``--fault-xid-code 79,45``).
 
 ``--fault-hot-gpu-after S`` makes the GPU run hot after S seconds: its steady state moves 5 degrees past the
-slowdown threshold and the time constant drops to one second, so tests see it cross within seconds.
+slowdown threshold and both time constants drop to one second, so tests see it cross within seconds.
 """
 
 from __future__ import annotations
@@ -36,9 +44,24 @@ from typing import Any
 
 from enginesim.profiles import SpeedProfile
 
-NORMAL_TIME_CONSTANT_S = 120.0
 HOT_TIME_CONSTANT_S = 1.0
 HOT_MARGIN_CELSIUS = 5.0
+# What a power-capped GPU draws against its limit: an H200 under a saturating matmul held 691 W of 700 W.
+POWER_CAP_HOLD = 691.0 / 700.0
+POWER_CAP = "sw_power_cap"
+
+
+def power_draw(profile: SpeedProfile, utilization: float) -> tuple[float, bool]:
+    """The board's draw at ``utilization`` and whether the power cap holds it: linear from idle towards what
+    full load asks for, held at ``POWER_CAP_HOLD`` of the limit once it gets there."""
+    demand = profile.power_idle_watts + (profile.power_busy_watts - profile.power_idle_watts) * utilization
+    hold = profile.power_limit_watts * POWER_CAP_HOLD
+    return (hold, True) if demand >= hold else (demand, False)
+
+
+def _lag(value: float, target: float, dt: float, tau: float) -> float:
+    """A first-order lag's value ``dt`` seconds on, towards a target held over that time."""
+    return value + (target - value) * (1.0 - math.exp(-max(0.0, dt) / tau))
 
 
 def gpu_indices(cuda_visible_devices: str | None) -> list[int]:
@@ -51,45 +74,61 @@ def gpu_indices(cuda_visible_devices: str | None) -> list[int]:
 
 @dataclass
 class SimulatedGpu:
-    """One simulated GPU as this process sees it: memory, heat, power, XIDs."""
+    """One simulated GPU as this process sees it: memory, heat, power, XIDs. Time is what ``advance`` is told."""
 
     profile: SpeedProfile
     index: int
     pid: int
     memory_utilization: float
     hostname: str = field(default_factory=socket.gethostname)
-    temperature: float = 0.0
     utilization: float = 0.0
+    # Degrees above idle held by the die (fast) and the heatsink (slow).
+    die_rise: float = 0.0
+    sink_rise: float = 0.0
     leaked_bytes: int = 0
     hot: bool = False
     xid_events: list[dict[str, Any]] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self.temperature = self.temperature or self.profile.temperature_idle_celsius
+    @property
+    def temperature(self) -> float:
+        return self.profile.temperature_idle_celsius + self.die_rise + self.sink_rise
+
+    @property
+    def power(self) -> tuple[float, bool]:
+        """Watts drawn now, and whether the power cap holds them."""
+        return power_draw(self.profile, self.utilization)
 
     def advance(self, dt: float, utilization: float) -> None:
-        """Move ``dt`` seconds forward with the engine busy ``utilization`` of that time."""
+        """Move ``dt`` seconds forward with the engine keeping ``utilization`` of the GPU busy over that time."""
         p = self.profile
         self.utilization = min(1.0, max(0.0, utilization))
-        target = p.temperature_idle_celsius + (p.temperature_busy_celsius - p.temperature_idle_celsius) * (
-            self.utilization)
-        tau = NORMAL_TIME_CONSTANT_S
+        idle_watts, hold = p.power_idle_watts, p.power_limit_watts * POWER_CAP_HOLD
+        heat = (self.power[0] - idle_watts) / (hold - idle_watts) if hold > idle_watts else self.utilization
+        rise = (p.temperature_busy_celsius - p.temperature_idle_celsius) * heat
+        die_tau, sink_tau = p.die_time_constant_s, p.sink_time_constant_s
         if self.hot:
-            target, tau = p.slowdown_temperature_celsius + HOT_MARGIN_CELSIUS, HOT_TIME_CONSTANT_S
-        self.temperature += (target - self.temperature) * (1.0 - math.exp(-max(0.0, dt) / tau))
+            rise = p.slowdown_temperature_celsius + HOT_MARGIN_CELSIUS - p.temperature_idle_celsius
+            die_tau = sink_tau = HOT_TIME_CONSTANT_S
+        share = p.temperature_die_share
+        self.die_rise = _lag(self.die_rise, rise * share, dt, die_tau)
+        self.sink_rise = _lag(self.sink_rise, rise * (1.0 - share), dt, sink_tau)
 
     def leak(self, nbytes: int) -> None:
         self.leaked_bytes += nbytes
 
     def add_xid(self, code: int, at: float) -> None:
-        self.xid_events.append({"code": code, "at": at})
+        self.add_xids([code], at)
+
+    def add_xids(self, codes: list[int], at: float) -> None:
+        """Several XIDs logged at one instant: the agent's next read reports each of them."""
+        self.xid_events.extend({"code": code, "at": at} for code in codes)
 
     def reading(self, now: float) -> dict[str, Any]:
         """The file's JSON object at unix time ``now``."""
         p = self.profile
         total = p.gpu_memory_bytes
         used = min(total, int(total * self.memory_utilization) + self.leaked_bytes)
-        power = p.power_idle_watts + (p.power_busy_watts - p.power_idle_watts) * self.utilization
+        power, capped = self.power
         return {
             "pid": self.pid,
             "gpu_index": self.index,
@@ -100,7 +139,9 @@ class SimulatedGpu:
             "memory_used_bytes": used,
             "utilization_ratio": round(self.utilization, 4),
             "power_watts": round(power, 1),
+            "power_idle_watts": p.power_idle_watts,
             "power_limit_watts": p.power_limit_watts,
+            "throttle_reasons": [POWER_CAP] if capped else [],
             "temperature_celsius": round(self.temperature, 2),
             "slowdown_temperature_celsius": p.slowdown_temperature_celsius,
             "shutdown_temperature_celsius": p.shutdown_temperature_celsius,

@@ -20,6 +20,8 @@ REQUEST_TIME_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0
                         120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+# Preemptions per finished request, as a real vLLM server exposes them (tests/fixtures/vllm-0.32.0-cpu).
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 
 
 def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
@@ -84,6 +86,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "Histogram of time spent in PREFILL phase for request.", None, "request"),
     MetricSpec("vllm:request_decode_time_seconds", "histogram",
                "Histogram of time spent in DECODE phase for request.", None, "request"),
+    MetricSpec("vllm:request_num_preemptions", "histogram",
+               "Histogram of the number of times a request was preempted.", None, "preemptions"),
 )
 
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -99,6 +103,7 @@ def _buckets(key: str, max_model_len: int) -> tuple[float, ...]:
         "ttft": TTFT_BUCKETS,
         "itl": ITL_BUCKETS,
         "request": REQUEST_TIME_BUCKETS,
+        "preemptions": PREEMPTION_BUCKETS,
     }[key]
 
 
@@ -154,6 +159,7 @@ class EngineMetrics:
         self.inference_time = h("vllm:request_inference_time_seconds").labels(*values)
         self.prefill_time = h("vllm:request_prefill_time_seconds").labels(*values)
         self.decode_time = h("vllm:request_decode_time_seconds").labels(*values)
+        self.request_preemptions = h("vllm:request_num_preemptions").labels(*values)
 
     def _gauge(self, name: str) -> Gauge:
         fam = self._families[name]

@@ -8,6 +8,7 @@ bytes one token's keys and values take, grouped into ``--block-size`` token bloc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GIB = 1024**3
@@ -36,12 +37,28 @@ class SpeedProfile:
     # Length of a "natural" answer when the client lets the model stop on EOS.
     mean_output_tokens: int
     power_idle_watts: float
+    # What the board would draw at full utilisation with no limit: above the limit on a GPU that power-caps under
+    # full load (``gpufile.power_draw``).
     power_busy_watts: float
     power_limit_watts: float
     temperature_idle_celsius: float
+    # The steady state under full load, reached in two lags (``gpufile.SimulatedGpu``): the die's, fast, for
+    # ``temperature_die_share`` of the rise, and the heatsink's, slower, for the rest.
     temperature_busy_celsius: float
     slowdown_temperature_celsius: float
     shutdown_temperature_celsius: float
+    # Utilisation of a step with n sequences in the batch: 1 - exp(-n / scale). One request leaves most of the
+    # GPU idle (22 % at scale 4), a batch of 16 saturates it (98 %).
+    utilization_batch_scale: float = 4.0
+    temperature_die_share: float = 0.59
+    die_time_constant_s: float = 0.3
+    sink_time_constant_s: float = 10.0
+
+    def utilization(self, num_seqs: int) -> float:
+        """The share of the GPU one step keeps busy with ``num_seqs`` sequences in its batch."""
+        if num_seqs <= 0:
+            return 0.0
+        return 1.0 - math.exp(-num_seqs / self.utilization_batch_scale)
 
     def step_seconds(self, num_seqs: int, prefill_tokens: int) -> float:
         """Wall time of one engine step: a fixed cost, a cost per sequence in the batch, a cost per prefill token."""
@@ -63,7 +80,11 @@ class SpeedProfile:
 
 # Llama-3.1-8B in bf16 on one H100 80GB: 16 GB of weights; 32 layers x 8 KV heads x 128 dims x 2 (K, V)
 # x 2 bytes = 128 KiB per token, so ~400k tokens of KV at 0.9 utilisation. Decode ~10 ms at batch 1,
-# ~24 ms at 64, ~66 ms at 256; prefill ~40k tokens/s.
+# ~24 ms at 64, ~66 ms at 256; prefill ~40k tokens/s. Power and heat as measured on an H200 (the same 700 W
+# SXM board): 77 W and 35 degC idle; under a saturating bf16 matmul 691 W with sw_power_cap against the 700 W
+# limit, 53 degC after 2 s and 58 degC after 10 s, back to 42 degC within 2 s of the load stopping. Read every
+# 0.25 s through the agent's NVML backend on another H200 (37 degC idle): 52 degC 0.5 s into the load, 58 degC
+# at 10 s; 43 degC 0.5 s after it stopped, 39 degC at 2 s, 38 degC at 20 s: a fast die over a slower heatsink.
 H100_LLAMA_8B = SpeedProfile(
     name="llama-8b-h100",
     description="8B dense model, bf16, one H100 80GB",
@@ -79,11 +100,11 @@ H100_LLAMA_8B = SpeedProfile(
     warmup_steps=100,
     warmup_factor=3.0,
     mean_output_tokens=200,
-    power_idle_watts=75.0,
-    power_busy_watts=620.0,
+    power_idle_watts=77.0,
+    power_busy_watts=760.0,
     power_limit_watts=700.0,
-    temperature_idle_celsius=34.0,
-    temperature_busy_celsius=71.0,
+    temperature_idle_celsius=35.0,
+    temperature_busy_celsius=62.0,
     slowdown_temperature_celsius=87.0,
     shutdown_temperature_celsius=92.0,
 )

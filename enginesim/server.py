@@ -122,14 +122,14 @@ class _GpuPublisher:
     def __init__(self, config: ServeConfig, gpus: list[SimulatedGpu], engine: Engine | None) -> None:
         self.config, self.gpus, self.engine = config, gpus, engine
         self._last = time.monotonic()
-        self._busy = 0.0
+        self._load = 0.0
 
     def tick(self) -> None:
         now = time.monotonic()
         dt, self._last = now - self._last, now
-        busy = self.engine.busy_seconds if self.engine else 0.0
-        util = (busy - self._busy) / dt if dt > 0 else 0.0
-        self._busy = busy
+        load = self.engine.load_seconds if self.engine else 0.0
+        util = (load - self._load) / dt if dt > 0 else 0.0
+        self._load = load
         for gpu in self.gpus:
             gpu.advance(dt, util)
             write_reading(self.config.gpu_dir, gpu.reading(time.time()))
@@ -206,9 +206,11 @@ async def _run_serving(config: ServeConfig, gpus: list[SimulatedGpu], publisher:
             gpu.leak(int(faults.leak_gpu_mb_per_min * LEAK_INTERVAL_S / 60.0 * MIB))
 
     def xid() -> None:
+        at = time.time()
         for gpu in gpus:
-            gpu.add_xid(faults.xid_code, time.time())
-        print(f"NVRM: Xid (PCI:0000:00:00): {faults.xid_code}, simulated", file=out, flush=True)
+            gpu.add_xids(faults.xid_codes, at)
+        for code in faults.xid_codes:
+            print(f"NVRM: Xid (PCI:0000:00:00): {code}, simulated", file=out, flush=True)
 
     def hot() -> None:
         for gpu in gpus:

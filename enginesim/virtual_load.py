@@ -34,6 +34,8 @@ class VirtualLoadResult:
     queue_time_mean: float
     preemptions: int
     kv_blocks: int
+    # The GPU's utilisation over the run, as the simulated GPU file reports it (``Engine.load_seconds``).
+    gpu_utilization: float = 0.0
 
 
 def run_virtual_load(profile: SpeedProfile, *, max_num_seqs: int, concurrency: int, prompt_tokens: int,
@@ -97,4 +99,5 @@ async def _run(profile: SpeedProfile, max_num_seqs: int, concurrency: int, promp
         ttft_p50=percentile(ttfts, 50) or 0.0, ttft_p99=percentile(ttfts, 99) or 0.0,
         itl_p50=percentile(itls, 50) or 0.0, itl_p99=percentile(itls, 99) or 0.0,
         queue_time_mean=queue_sum / max(queue_count, 1.0), preemptions=int(preemptions), kv_blocks=blocks,
+        gpu_utilization=min(1.0, engine.load_seconds / max(clock.now(), duration)),
     )

@@ -2,7 +2,8 @@
 
 Thresholds are read, not hard-coded (an H200 reports its own 89 °C slowdown). XID critical errors are
 counted from an NVML event set drained on every read: a count, never a sticky last value, so an alert can
-fire on ``increase()``. Every field that the driver does not support reads as ``None``.
+fire on ``increase()``, and every code drained goes into that read's ``xids`` (two XIDs between reads are two
+codes, not only the last). Every field that the driver does not support reads as ``None``.
 """
 
 from __future__ import annotations
@@ -12,26 +13,13 @@ from functools import partial
 from typing import Any, TypeVar
 
 from agent.gpu.base import GpuBackendError, GpuReading
+from agent.gpu.throttle import CLOCK_EVENT_REASONS, decode_reasons
+from agent.gpu.xid import merge_xids
 from agent.wire import GpuSample
 
 T = TypeVar("T")
 
-# NVML clocks-event reason bits (nvmlClocksEventReason*), named like dcgm-exporter's labels.
-CLOCK_EVENT_REASONS: dict[int, str] = {
-    0x01: "gpu_idle",
-    0x02: "applications_clocks_setting",
-    0x04: "sw_power_cap",
-    0x08: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
-
-
-def decode_reasons(mask: int) -> list[str]:
-    return [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
+__all__ = ["CLOCK_EVENT_REASONS", "NvmlGpuBackend", "decode_reasons"]
 
 
 class NvmlGpuBackend:
@@ -50,6 +38,7 @@ class NvmlGpuBackend:
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         self.xids: dict[int, int] = {i: 0 for i in range(len(self.handles))}
         self.last_xid: dict[int, int] = {}
+        self.new_xids: dict[int, list[int]] = {}  # codes drained by the current read, per GPU
         self.events: Any = None
         try:
             self.events = pynvml.nvmlEventSetCreate()
@@ -67,6 +56,7 @@ class NvmlGpuBackend:
 
     def _drain_xids(self) -> None:
         nvml = self.nvml
+        self.new_xids = {}
         if self.events is None:
             return
         index_of = {id(h): i for i, h in enumerate(self.handles)}
@@ -79,6 +69,7 @@ class NvmlGpuBackend:
             index = int(found) if found is not None else index_of.get(id(data.device), 0)
             self.xids[index] = self.xids.get(index, 0) + 1
             self.last_xid[index] = int(data.eventData)
+            self.new_xids[index] = merge_xids(self.new_xids.get(index, ()), [int(data.eventData)])
 
     def _sample(self, index: int, handle: Any, per_pid: dict[int, int], on_gpu: dict[int, int]) -> GpuSample:
         nvml = self.nvml
@@ -117,6 +108,7 @@ class NvmlGpuBackend:
             ecc_uncorrected_total=int(ecc) if ecc is not None else None,
             xid_events_total=self.xids.get(index, 0),
             last_xid=self.last_xid.get(index),
+            xids=self.new_xids.get(index, []),
         )
 
     def read(self) -> GpuReading:

@@ -2,12 +2,15 @@
 
 Format: ``{"frames": [{"gpus": [GpuSample fields...], "processes": {"<pid>": bytes},
 "gpu_processes": {"<gpu index>": {"<pid>": bytes}}}, ...]}`` (``gpu_processes`` optional). Each
-``read`` returns the next frame; the last frame repeats once the recording runs out.
+``read`` returns the next frame; the last frame repeats once the recording runs out. A frame's ``xids`` are the
+XID codes logged since the frame before (several XIDs in one interval are several codes), so a repeat of the
+last frame carries none: nothing new was logged.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +47,10 @@ class RecordedGpuBackend:
 
     def read(self) -> GpuReading:
         frame = self._frames[min(self._next, len(self._frames) - 1)]
+        repeat = self._next >= len(self._frames)
         self._next += 1
+        if repeat and any(g.xids for g in frame.gpus):
+            return replace(frame, gpus=[g.model_copy(update={"xids": []}) for g in frame.gpus])
         return frame
 
     def close(self) -> None:

@@ -2,10 +2,14 @@
 
 The simulator writes one file per (gpu, pid), ``gpu<index>-<pid>.json``, with keys pid, gpu_index, uuid, name,
 updated_at, memory_total_bytes, memory_used_bytes (that process's), utilization_ratio, power_watts,
-power_limit_watts, temperature_celsius, slowdown_temperature_celsius, shutdown_temperature_celsius and
-xid_events ``[{code, at}]``. Per GPU index, over files whose pid is alive: memory is the sum, utilisation and
-temperature the maximum, power is idle plus the sum capped at the limit, XID events are counted (each event
-once, so the total never goes down when a file disappears). An index with no file reads as an idle GPU.
+power_idle_watts, power_limit_watts, temperature_celsius, slowdown_temperature_celsius,
+shutdown_temperature_celsius, throttle_reasons and xid_events ``[{code, at}]`` (``enginesim/gpufile.py``). Per
+GPU index, over files whose pid is alive: memory is the sum, utilisation and temperature the maximum; power is
+the idle GPU's plus each file's draw above its own idle (a file without ``power_idle_watts`` gives only that
+part), capped at the limit, which reads ``sw_power_cap``; throttle reasons are the files' together (a GPU at
+its slowdown temperature adds ``hw_thermal_slowdown``); XID events are counted (each event once, so the total
+never goes down when a file disappears) and the codes first seen by a read are its ``xids``. An index with no
+file reads as an idle GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any
 import psutil
 
 from agent.gpu.base import GpuReading
+from agent.gpu.throttle import KNOWN_REASONS, POWER_CAP
+from agent.gpu.xid import merge_xids
 from agent.wire import GpuSample
 
 FILE_PATTERN = re.compile(r"^gpu(\d+)-(\d+)\.json$")
@@ -27,15 +33,27 @@ FILE_PATTERN = re.compile(r"^gpu(\d+)-(\d+)\.json$")
 
 @dataclass(frozen=True)
 class IdleGpu:
-    """What a simulated GPU reads with nothing on it (an H200's figures)."""
+    """What a simulated GPU reads with nothing on it (an H200's figures, measured)."""
 
     name: str = "NVIDIA H200 (simulated)"
     memory_total_bytes: int = 150_754_820_096
-    power_watts: float = 75.0
+    power_watts: float = 77.0
     power_limit_watts: float = 700.0
-    temperature_celsius: float = 32.0
+    temperature_celsius: float = 35.0
     slowdown_temperature_celsius: float = 89.0
     shutdown_temperature_celsius: float = 95.0  # what an H200's NVML reports
+
+
+def _order(at: str) -> float:
+    try:
+        return float(at)
+    except ValueError:
+        return 0.0
+
+
+def _above_idle(raw: dict[str, Any]) -> float:
+    """What one process's file draws above its own idle (a file without an idle figure: all it gives)."""
+    return max(0.0, (_num(raw, "power_watts") or 0.0) - (_num(raw, "power_idle_watts") or 0.0))
 
 
 def _num(raw: dict[str, Any], key: str) -> float | None:
@@ -52,7 +70,7 @@ class SimGpuBackend:
         self.count = count
         self.idle = idle or IdleGpu()
         self.pid_alive = pid_alive
-        self._xids_seen: dict[int, set[tuple[int, int, str]]] = {}
+        self._xids_seen: dict[int, set[tuple[int, int, int, str]]] = {}
         self._last_xid: dict[int, int] = {}
 
     def _load(self) -> dict[int, list[dict[str, Any]]]:
@@ -77,25 +95,40 @@ class SimGpuBackend:
                 by_index[index].append(raw)
         return by_index
 
-    def _aggregate(self, index: int, files: list[dict[str, Any]]) -> GpuSample:
-        idle = self.idle
+    def _new_xids(self, index: int, files: list[dict[str, Any]]) -> list[int]:
+        """Codes of the events no earlier read saw, oldest first; each event counts once."""
         seen = self._xids_seen.setdefault(index, set())
+        new: list[tuple[str, int]] = []
         for raw in files:
-            for event in raw.get("xid_events") or []:
+            # A file's events only grow, so an event is its process, place in the list, code and time: two of
+            # one code at one instant are two events.
+            for n, event in enumerate(raw.get("xid_events") or []):
                 if isinstance(event, dict) and isinstance(event.get("code"), int):
-                    key = (int(raw["pid"]), event["code"], str(event.get("at")))
+                    key = (int(raw["pid"]), n, event["code"], str(event.get("at")))
                     if key not in seen:
                         seen.add(key)
-                        self._last_xid[index] = event["code"]
+                        new.append((str(event.get("at")), event["code"]))
+        codes = [code for _, code in sorted(new, key=lambda e: _order(e[0]))]
+        if codes:
+            self._last_xid[index] = codes[-1]
+        return merge_xids((), codes)
+
+    def _aggregate(self, index: int, files: list[dict[str, Any]]) -> GpuSample:
+        idle = self.idle
+        xids = self._new_xids(index, files)
 
         def values(key: str) -> list[float]:
             return [v for v in (_num(r, key) for r in files) if v is not None]
 
         limit = max(values("power_limit_watts"), default=idle.power_limit_watts)
-        power = min(limit, idle.power_watts + sum(values("power_watts")))
+        drawn = idle.power_watts + sum(_above_idle(r) for r in files)
         temperature = max(values("temperature_celsius"), default=idle.temperature_celsius)
         slowdown = max(values("slowdown_temperature_celsius"), default=idle.slowdown_temperature_celsius)
-        throttle = ["hw_thermal_slowdown"] if temperature >= slowdown else []
+        reasons = {str(r) for raw in files for r in raw.get("throttle_reasons") or [] if isinstance(r, str)}
+        if drawn >= limit:
+            reasons.add(POWER_CAP)
+        if temperature >= slowdown:
+            reasons.add("hw_thermal_slowdown")
         first = files[0] if files else {}
         return GpuSample(
             index=index,
@@ -108,12 +141,13 @@ class SimGpuBackend:
             memory_used_bytes=int(sum(values("memory_used_bytes"))),
             memory_total_bytes=int(max(values("memory_total_bytes"), default=idle.memory_total_bytes)),
             utilization_ratio=min(1.0, max(0.0, max(values("utilization_ratio"), default=0.0))),
-            power_watts=power,
+            power_watts=min(limit, drawn),
             power_limit_watts=limit,
-            throttle_reasons=throttle,
+            throttle_reasons=[r for r in KNOWN_REASONS if r in reasons],
             ecc_uncorrected_total=0,
-            xid_events_total=len(seen),
+            xid_events_total=len(self._xids_seen.get(index, ())),
             last_xid=self._last_xid.get(index),
+            xids=xids,
         )
 
     def read(self) -> GpuReading:

@@ -43,7 +43,8 @@ REPLICA_SERIES = (
     ("process", "gpu_memory_bytes"),
     ("process", "cpu_percent"),
 )
-GPU_SERIES = ("temperature_celsius", "memory_used_bytes", "utilization_ratio", "power_watts", "xid_events_total")
+GPU_SERIES = ("temperature_celsius", "memory_used_bytes", "utilization_ratio", "power_watts", "xid_events_total",
+              "ecc_uncorrected_total")
 
 
 def replica_series_values(status: ReplicaStatus) -> dict[str, float]:
@@ -72,12 +73,19 @@ def replica_series_values(status: ReplicaStatus) -> dict[str, float]:
     return values
 
 
-def gpu_series_values(gpu: GpuSample) -> dict[str, float]:
-    values: dict[str, float] = {}
+def gpu_series_values(gpu: GpuSample) -> dict[str, float | list[int] | list[str]]:
+    """The GPU's numbers worth charting, plus the lists its detectors read, only when non-empty: the XID codes
+    read since the previous report (the xid detector classifies each) and the active throttle reasons (the
+    thermal detector's). Retention's one-minute averages keep only the numbers."""
+    values: dict[str, float | list[int] | list[str]] = {}
     for field in GPU_SERIES:
         value = getattr(gpu, field)
         if value is not None:
             values[field] = float(value)
+    if gpu.xids:
+        values["xids"] = list(gpu.xids)
+    if gpu.throttle_reasons:
+        values["throttle_reasons"] = list(gpu.throttle_reasons)
     return values
 
 
@@ -111,9 +119,9 @@ def _replica_rows(report: NodeReport, now: datetime) -> list[dict[str, Any]]:
 def _sample_rows(report: NodeReport) -> list[dict[str, Any]]:
     rows = []
     for g in report.gpus:
-        if values := gpu_series_values(g):
+        if gpu_values := gpu_series_values(g):
             rows.append({"node": report.node, "subject_kind": "gpu", "subject": str(g.index),
-                         "at": report.sent_at, "resolution_seconds": 0, "values": values})
+                         "at": report.sent_at, "resolution_seconds": 0, "values": gpu_values})
     for r in report.replicas:
         if values := replica_series_values(r):
             rows.append({"node": report.node, "subject_kind": "replica", "subject": r.name,

@@ -102,6 +102,15 @@ class XidCondition(_Condition):
     within: Duration = Field(default=900.0, gt=0)
 
 
+class EccCondition(_Condition):
+    """Uncorrected ECC errors on a GPU: its volatile counter rose by ``min_increase`` or more within ``within``
+    (a counter that went down was reset by a GPU reset or a driver reload, and counts again from zero)."""
+
+    detector: Literal["ecc"]
+    within: Duration = Field(default=900.0, gt=0)
+    min_increase: int = Field(default=1, ge=1)
+
+
 class CrashLoopCondition(_Condition):
     """The supervisor gave up on a replica (FATAL after its start retries)."""
 
@@ -149,6 +158,7 @@ Condition = Annotated[
     | Annotated[LeakCondition, Tag("leak")]
     | Annotated[ThermalCondition, Tag("thermal")]
     | Annotated[XidCondition, Tag("xid")]
+    | Annotated[EccCondition, Tag("ecc")]
     | Annotated[CrashLoopCondition, Tag("crash_loop")]
     | Annotated[OomCrashCondition, Tag("oom_crash")]
     | Annotated[AlertCondition, Tag(_ALERT_TAG)],
@@ -156,6 +166,6 @@ Condition = Annotated[
         _condition_tag,
         custom_error_type="unknown_detector",
         custom_error_message="unknown detector: use signal/op/threshold, alert: ALERTNAME, or detector "
-        "error_rate, stall, leak, thermal, xid, crash_loop, oom_crash or alert",
+        "error_rate, stall, leak, thermal, xid, ecc, crash_loop, oom_crash or alert",
     ),
 ]

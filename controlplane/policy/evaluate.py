@@ -22,6 +22,7 @@ from controlplane.policy.actions import (
 from controlplane.policy.conditions import (
     AlertCondition,
     CrashLoopCondition,
+    EccCondition,
     ErrorRateCondition,
     LeakCondition,
     OomCrashCondition,
@@ -32,6 +33,7 @@ from controlplane.policy.conditions import (
 )
 from controlplane.policy.detectors.alert import detect_alert
 from controlplane.policy.detectors.crash import detect_crash_loop, detect_oom_crash
+from controlplane.policy.detectors.ecc import detect_ecc
 from controlplane.policy.detectors.findings import Finding
 from controlplane.policy.detectors.leak import detect_leak
 from controlplane.policy.detectors.slo import detect_error_rate, detect_threshold
@@ -51,7 +53,7 @@ from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target, replica_target
 from controlplane.policy.snapshot import FleetSnapshot, Gpu, Replica, split_key
 
-GPU_CONDITIONS = (ThermalCondition, XidCondition)
+GPU_CONDITIONS = (ThermalCondition, XidCondition, EccCondition)
 
 
 def in_scope_replicas(policy: Policy, snapshot: FleetSnapshot) -> list[Replica]:
@@ -112,6 +114,8 @@ def detect(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> list[Findi
         gpus = in_scope_gpus(policy, snapshot)
         if isinstance(cond, ThermalCondition):
             return [f for g in gpus if (f := detect_thermal(cond, g, now))]
+        if isinstance(cond, EccCondition):
+            return [f for g in gpus if (f := detect_ecc(cond, g, now))]
         return [f for g in gpus if (f := detect_xid(cond, g, now))]
     found: list[Finding | None] = []
     for replica in in_scope_replicas(policy, snapshot):

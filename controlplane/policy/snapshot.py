@@ -145,11 +145,16 @@ class GpuReading:
     memory_used_bytes: int | None = None
     xid_events_total: int | None = None
     throttle_reasons: tuple[str, ...] = ()
+    # The XID codes the agent read since its previous report (``GpuSample.xids``): every code, not only the last.
+    xids: tuple[int, ...] = ()
+    ecc_uncorrected_total: int | None = None
 
     def __post_init__(self) -> None:
         _aware(self.at)
         if not isinstance(self.throttle_reasons, tuple):
             object.__setattr__(self, "throttle_reasons", tuple(self.throttle_reasons))
+        if not isinstance(self.xids, tuple):
+            object.__setattr__(self, "xids", tuple(self.xids))
 
 
 class Gpu(_Frozen):

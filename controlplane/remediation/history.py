@@ -53,10 +53,23 @@ def _shared_key(value: float) -> int:
 
 
 def gpu_reading(at: datetime, values: dict[str, Any]) -> GpuReading:
-    memory, xid = values.get("memory_used_bytes"), values.get("xid_events_total")
+    """A stored GPU sample as the engine's ``GpuReading`` (``xids`` and ``throttle_reasons`` are lists, kept
+    only when non-empty; a one-minute average has neither)."""
+    memory, xid, ecc = values.get("memory_used_bytes"), values.get("xid_events_total"), values.get(
+        "ecc_uncorrected_total")
+    xids, reasons = values.get("xids"), values.get("throttle_reasons")
     return GpuReading(at=at, temperature_celsius=values.get("temperature_celsius"),
                       memory_used_bytes=None if memory is None else int(memory),
-                      xid_events_total=None if xid is None else int(xid))
+                      xid_events_total=None if xid is None else int(xid),
+                      ecc_uncorrected_total=None if ecc is None else int(ecc),
+                      xids=tuple(int(c) for c in xids) if isinstance(xids, list) else (),
+                      throttle_reasons=_shared_reasons(tuple(reasons)) if isinstance(reasons, list) else ())
+
+
+@lru_cache(maxsize=1024)
+def _shared_reasons(reasons: tuple[str, ...]) -> tuple[str, ...]:
+    # A loaded GPU reads sw_power_cap in nearly every sample: one tuple per distinct set, not one per sample.
+    return reasons
 
 
 def _at(point: ReplicaSample | GpuReading) -> datetime:

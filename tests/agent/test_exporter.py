@@ -75,3 +75,36 @@ def test_cordoned_gpus_are_1_including_one_the_backend_no_longer_lists() -> None
     assert reg.get_sample_value("pitstop_gpu_cordoned", {"node": "n1", "gpu": "3"}) == 1.0  # fell off the bus
     assert reg.get_sample_value("pitstop_node_cordoned", {"node": "n1"}) == 0.0
     assert registry().get_sample_value("pitstop_gpu_cordoned", {"node": "n1", "gpu": "0"}) == 0.0
+
+
+def test_every_known_throttle_reason_is_a_series_and_only_heat_and_hardware_are_faults() -> None:
+    from agent.gpu.throttle import FAULT_REASONS, KNOWN_REASONS
+
+    capped = GpuSample(index=0, uuid="GPU-a", name="H200", power_watts=691.0, power_limit_watts=700.0,
+                       temperature_celsius=58.0, throttle_reasons=["sw_power_cap"])
+    hot = GpuSample(index=1, uuid="GPU-b", name="H200", throttle_reasons=["sw_thermal_slowdown", "hw_slowdown"])
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(lambda: ExportState(node="n1", gpus=[capped, hot])))
+    families = {f.name: f for f in reg.collect()}
+    samples = families["pitstop_gpu_throttle_reason"].samples
+    assert len(samples) == 2 * len(KNOWN_REASONS) == 18
+    value = {(s.labels["gpu"], s.labels["reason"]): (s.value, s.labels["fault"]) for s in samples}
+    # An H200 capping its power under full load: normal, never a fault.
+    assert value[("0", "sw_power_cap")] == (1.0, "false")
+    assert value[("0", "hw_thermal_slowdown")] == (0.0, "true")
+    assert value[("1", "sw_thermal_slowdown")] == (1.0, "true") and value[("1", "hw_slowdown")] == (1.0, "true")
+    assert value[("1", "gpu_idle")] == (0.0, "false")
+    assert {r for (_, r), (_, fault) in value.items() if fault == "true"} == FAULT_REASONS == {
+        "hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
+    assert set(KNOWN_REASONS) == {"gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown",
+                                  "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                                  "hw_power_brake_slowdown", "display_clock_setting"}
+
+
+def test_build_info_names_the_version_and_python() -> None:
+    import platform
+
+    from pitstop import __version__
+
+    assert registry().get_sample_value("pitstop_build_info", {"version": __version__,
+                                                              "python": platform.python_version()}) == 1.0

@@ -19,6 +19,13 @@ def test_downsample_averages_per_bucket_and_skips_missing_fields() -> None:
                                       (T0 + timedelta(seconds=60), {"ttft": 0.5, "rss": 300.0})]
 
 
+def test_downsample_keeps_only_numbers_of_a_gpu_sample() -> None:
+    # A GPU sample's XID codes and throttle reasons are lists for the detectors; a minute's average has neither.
+    points = [(T0, {"temperature_celsius": 60.0, "xids": [79, 45], "throttle_reasons": ["sw_power_cap"]}),
+              (T0 + timedelta(seconds=5), {"temperature_celsius": 62.0})]
+    assert downsample(points, 60) == [(T0, {"temperature_celsius": 61.0})]
+
+
 def test_retention_downsamples_then_deletes(app, client: TestClient, config, clock) -> None:
     for i in range(6):  # one report every 20 s for two minutes
         sent = T0 + timedelta(seconds=20 * i)

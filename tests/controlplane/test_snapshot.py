@@ -39,3 +39,34 @@ def test_snapshot_carries_latest_state_and_history(client: TestClient, clock: Fa
     assert [r.key for r in only_other.replicas] == ["gpu-a/r1"] and only_other.gpus == []
     # The default policies run over it without error (nothing here breaks a default threshold for long enough).
     assert isinstance(evaluate(load_directory(DEFAULTS_DIR), snap, clock.now), list)
+
+
+def test_gpu_history_keeps_every_xid_the_ecc_count_and_throttle_reasons(client: TestClient,
+                                                                        clock: FakeClock) -> None:
+    from controlplane.remediation.history import SampleHistory
+
+    readings = [{"xid_events_total": 0, "ecc_uncorrected_total": 0},
+                {"xid_events_total": 1, "xids": [79], "last_xid": 79, "ecc_uncorrected_total": 0},
+                {"xid_events_total": 3, "xids": [45, 13], "last_xid": 13, "ecc_uncorrected_total": 2,
+                 "throttle_reasons": ["sw_power_cap", "hw_slowdown"]},
+                {"xid_events_total": 3, "last_xid": 13, "ecc_uncorrected_total": 2}]
+    for i, update in enumerate(readings):
+        client.post("/v1/agents/gpu-a/report", json=body(report(
+            sequence=i + 1, sent_at=T0 + timedelta(seconds=30 * i), replicas=[replica("r0")],
+            gpus=[gpu(0).model_copy(update=update)])))
+    clock.now = T0 + timedelta(seconds=100)
+    ctx = client.app.state.pitstop  # type: ignore[attr-defined]
+    with session_scope(ctx.sessions) as session:
+        fresh = build_snapshot(session=session, now=clock.now, history=timedelta(minutes=15))
+        cached = build_snapshot(session=session, now=clock.now, history=timedelta(minutes=15),
+                                samples=SampleHistory(timedelta(minutes=15)))
+    for snap in (fresh, cached):
+        [g] = snap.gpus
+        assert [r.xids for r in g.history] == [(), (79,), (45, 13), ()]
+        assert [r.ecc_uncorrected_total for r in g.history] == [0, 0, 2, 2]
+        assert g.history[2].throttle_reasons == ("sw_power_cap", "hw_slowdown")
+        assert g.last_xid == 13  # the newest code only: the history holds the others
+        kinds = {(a.policy, a.kind) for a in evaluate(load_directory(DEFAULTS_DIR), snap, clock.now)}
+        # XID 79 then 45 and 13: still a hardware XID, and no restart for the application codes after it.
+        assert {("xid-hardware", "cordon"), ("ecc-uncorrected", "cordon")} <= kinds
+        assert ("xid-application", "restart") not in kinds

@@ -23,8 +23,10 @@ import psutil
 import pytest
 
 from agent.gpu.base import GpuBackendError, GpuReading
+from agent.gpu.throttle import KNOWN_REASONS
 from agent.orphans import OrphanWatch
 from agent.process_tree import ProcessTreeSampler
+from agent.wire import MAX_XIDS
 
 pytestmark = pytest.mark.gpu
 
@@ -62,6 +64,9 @@ def test_readings_are_sane(backend) -> None:  # type: ignore[no-untyped-def]
         assert gpu.power_watts is not None and gpu.power_watts > 0
         assert gpu.power_limit_watts is not None and gpu.power_watts <= gpu.power_limit_watts * 1.2
         assert gpu.utilization_ratio is not None and 0 <= gpu.utilization_ratio <= 1
+        # Reasons carry the names the exporter labels (every one known), and a read's XIDs fit the wire.
+        assert set(gpu.throttle_reasons) <= set(KNOWN_REASONS)
+        assert len(gpu.xids) <= MAX_XIDS and gpu.xid_events_total >= len(gpu.xids)
     # XID totals are counts (dcgm-exporter#500: no sticky last value): they never go down between reads.
     for a, b in zip(first.gpus, second.gpus, strict=True):
         assert b.xid_events_total >= a.xid_events_total
@@ -71,8 +76,9 @@ def test_xid_event_set_is_registered(backend) -> None:  # type: ignore[no-untype
     assert backend.events is not None, "NVML refused the XID critical-error event set"
     # Draining an empty event set must not raise and must not invent events.
     before = [g.xid_events_total for g in backend.read().gpus]
-    after = [g.xid_events_total for g in backend.read().gpus]
-    assert after == before
+    after = backend.read().gpus
+    assert [g.xid_events_total for g in after] == before
+    assert all(g.xids == [] for g in after)
 
 
 # A parent (the "API server") whose child (the "EngineCore") holds ALLOC_GIB on GPU 0, as vLLM's do.

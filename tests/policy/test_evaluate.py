@@ -3,7 +3,7 @@
 from agent.wire import ReplicaState
 from controlplane.policy.evaluate import evaluate
 from controlplane.policy.loader import parse_policies
-from controlplane.policy.snapshot import Node
+from controlplane.policy.snapshot import GpuReading, Node
 from controlplane.policy_files import load_directory
 from tests.policy.series import GiB, at, fleet, gpu, gpu_readings, healthy, replica
 
@@ -132,3 +132,32 @@ def test_an_attached_engine_is_never_restarted_only_reported():
     snap = fleet(490, [replica("ext", state=ReplicaState.ATTACHED, managed=False, history=wedged)])
     [act] = evaluate(DEFAULTS, snap, at(490))
     assert act.kind == "alert" and "restart it by hand" in act.reason
+
+
+def test_uncorrected_ecc_errors_cordon_that_gpu_alone_and_page():
+    replicas = [replica("on-gpu0", gpus=[0], history=healthy(600)),
+                replica("on-gpu1", gpus=[1], history=healthy(600))]
+    gpus = [gpu(0, history=gpu_readings(600, ecc_uncorrected_total=lambda t: 1 if t > 500 else 0)),
+            gpu(1, history=gpu_readings(600, ecc_uncorrected_total=0))]
+    actions = evaluate(DEFAULTS, fleet(600, replicas, gpus), at(600))
+    assert sorted((a.policy, a.kind, a.target.key) for a in actions) == [
+        ("ecc-uncorrected", "alert", "gpu:n1/0"), ("ecc-uncorrected", "cordon", "gpu:n1/0")]
+    cordon = next(a for a in actions if a.kind == "cordon")
+    assert cordon.params["scope"] == "gpu" and cordon.params["gpu"] == 0
+    page = next(a for a in actions if a.kind == "alert")
+    assert page.params["severity"] == "page" and page.runbook_url == "runbooks/ecc-uncorrected.md"
+    assert "1 uncorrected ECC error(s) on GPU 0 of n1" in page.reason
+    # Once the GPU is fenced, only the page is left.
+    fenced = fleet(600, replicas, gpus, nodes=[Node(name="n1", cordoned_gpus=[0])])
+    assert [(a.policy, a.kind) for a in evaluate(DEFAULTS, fenced, at(600))] == [("ecc-uncorrected", "alert")]
+
+
+def test_hardware_then_application_xid_in_one_window_cordons_and_does_not_restart():
+    replicas = [replica("on-gpu0", gpus=[0], history=healthy(600))]
+    history = [GpuReading(at=r.at, xid_events_total=r.xid_events_total,
+                          xids=(79,) if r.at == at(500) else (45,) if r.at == at(510) else ())
+               for r in gpu_readings(600, xid_events_total=lambda t: 2 if t >= 510 else 1 if t >= 500 else 0)]
+    gpus = [gpu(0, xid_events_total=2, last_xid=45, history=history)]
+    actions = evaluate(DEFAULTS, fleet(600, replicas, gpus), at(600))
+    assert sorted((a.policy, a.kind, a.target.key) for a in actions) == [
+        ("xid-hardware", "alert", "gpu:n1/0"), ("xid-hardware", "cordon", "node:n1")]

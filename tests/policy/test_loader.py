@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.policy.actions import AlertAction, LowerMaxNumSeqsAction
-from controlplane.policy.conditions import ThresholdCondition
+from controlplane.policy.actions import AlertAction, CordonAction, LowerMaxNumSeqsAction
+from controlplane.policy.conditions import EccCondition, ThresholdCondition
 from controlplane.policy.durations import parse_duration
 from controlplane.policy.loader import PolicyLoadError
 from controlplane.policy_files import DEFAULTS_DIR, load_directory, load_files
@@ -93,7 +93,8 @@ def test_default_policy_set_loads_and_each_has_a_runbook():
     policies = load_directory()
     names = {p.name for p in policies}
     assert {"ttft-slo", "itl-slo", "error-rate", "stall", "rss-leak", "gpu-memory-leak", "thermal",
-            "thermal-sustained", "xid-hardware", "xid-application", "crash-loop", "oom-crash"} <= names
+            "thermal-sustained", "xid-hardware", "xid-application", "crash-loop", "oom-crash",
+            "ecc-uncorrected"} <= names
     for p in policies:
         assert p.runbook_url == f"runbooks/{p.name}.md"
         assert (REPO / p.runbook_url).is_file(), p.runbook_url
@@ -113,6 +114,14 @@ def test_default_itl_slo_is_the_governor_and_ttft_slo_alerts():
     assert isinstance(ttft.action, AlertAction) and ttft.action.severity == "warning"
     # Exactly one policy governs --max-num-seqs, so two never fight over it.
     assert [p.name for p in policies.values() if isinstance(p.action, LowerMaxNumSeqsAction)] == ["itl-slo"]
+
+
+def test_default_ecc_policy_cordons_the_gpu_and_pages():
+    ecc = {p.name: p for p in load_directory()}["ecc-uncorrected"]
+    assert isinstance(ecc.condition, EccCondition) and ecc.condition.within == 900 and ecc.condition.min_increase == 1
+    assert isinstance(ecc.action, CordonAction) and ecc.action.scope == "gpu"
+    assert ecc.notify is not None and ecc.notify.severity == "page"
+    assert ecc.runbook_url == "runbooks/ecc-uncorrected.md"
 
 
 def test_proportional_step_is_only_for_inter_token_latency(tmp_path):

@@ -39,7 +39,7 @@ def test_fault_flags_win_over_environment() -> None:
            "PITSTOP_SIM_FAULT_ERROR_RATE": "0.5", "PITSTOP_SIM_FAULT_XID_CODE": "48"}
     faults = resolve_faults({"error_rate": 0.1, "hang_after": 30.0}, env)
     assert faults == FaultConfig(leak_rss_mb_per_min=20.0, fail_start=True, error_rate=0.1, hang_after=30.0,
-                                 xid_code=48)
+                                 xid_code="48")
     config, _ = serve_config(["m", "--fault-crash-after", "5"], {"PITSTOP_SIM_FAULT_CRASH_AFTER": "99"})
     assert config.faults.crash_after == 5.0
 

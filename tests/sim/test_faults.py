@@ -111,7 +111,7 @@ def test_cuda_oom_when_one_request_outgrows_the_kv_cache(start_sim: StartSim) ->
 
 
 def test_gpu_files_xid_heat_and_vram_leak(start_sim: StartSim) -> None:
-    sim = start_sim("--fault-xid-after", "0.3", "--fault-xid-code", "79", "--fault-hot-gpu-after", "0.3",
+    sim = start_sim("--fault-xid-after", "0.3", "--fault-xid-code", "79,45", "--fault-hot-gpu-after", "0.3",
                     "--fault-leak-gpu-mb-per-min", "6000", env={"CUDA_VISIBLE_DEVICES": "2,3"})
     pid = sim.proc.pid
     paths = [sim.gpu_dir / f"gpu{i}-{pid}.json" for i in (2, 3)]
@@ -127,7 +127,10 @@ def test_gpu_files_xid_heat_and_vram_leak(start_sim: StartSim) -> None:
 
     wait_until(hot_with_xid, 10, what="hot GPU with an XID event")
     last = json.loads(paths[0].read_text())
-    assert last["xid_events"][0]["code"] == 79
+    # Two codes at one instant, as a failing GPU logs them: the agent's next read carries both.
+    assert [e["code"] for e in last["xid_events"]] == [79, 45]
+    assert last["xid_events"][0]["at"] == last["xid_events"][1]["at"]
+    assert "Xid (PCI:0000:00:00): 79" in sim.output() and "Xid (PCI:0000:00:00): 45" in sim.output()
     assert last["memory_used_bytes"] > first["memory_used_bytes"]  # simulated VRAM leak
     assert last["updated_at"] > first["updated_at"]
     sim.terminate()

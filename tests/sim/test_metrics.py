@@ -126,3 +126,54 @@ def test_shared_system_prompt_hits_the_prefix_cache_across_conversations() -> No
             hits = sim.ctx.registry.get_sample_value("vllm:prefix_cache_hits_total", LABELS)
             assert hits == 144  # the system message's 149 tokens, in whole 16-token blocks
     asyncio.run(go())
+
+
+REAL_CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0-cpu" / "metrics-warm.txt"
+# Families a real vLLM serves that the simulator leaves out: features it does not simulate (sleep mode,
+# external and multimodal caches, prompt sources, admission control, FLOP estimates). Adding one is deliberate.
+NOT_SIMULATED = {
+    "vllm:engine_sleep_state", "vllm:external_prefix_cache_queries", "vllm:external_prefix_cache_hits",
+    "vllm:mm_cache_queries", "vllm:mm_cache_hits", "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached",
+    "vllm:prompt_tokens_cached_by_source", "vllm:admission_rejections", "vllm:request_prefill_kv_computed_tokens",
+    "vllm:estimated_flops_per_gpu", "vllm:estimated_read_bytes_per_gpu", "vllm:estimated_write_bytes_per_gpu",
+}
+
+
+def _vllm_families(text: str) -> dict[str, Metric]:
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    return {n: f for n, f in families.items()
+            if n.startswith("vllm:") and not (n.endswith("_created") and n.removesuffix("_created") in families)}
+
+
+def _bounds(family: Metric) -> list[str]:
+    return [s.labels["le"] for s in family.samples if s.name.endswith("_bucket")]
+
+
+def test_family_set_matches_a_recorded_real_vllm_scrape() -> None:
+    async def go() -> str:
+        async with inprocess_sim() as sim:
+            await sim.client.post("/v1/completions", json={"model": "test-model", "prompt": "hi", "max_tokens": 3})
+            return (await sim.client.get("/metrics")).text
+
+    text = asyncio.run(go())
+    simulated, real = _vllm_families(text), _vllm_families(REAL_CAPTURE.read_text())
+    all_simulated = {f.name for f in text_string_to_metric_families(text)}
+    assert set(simulated) - set(real) == set()
+    assert set(real) - set(simulated) == NOT_SIMULATED
+    by_max_model_len = {"vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+                        "vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens"}
+    for name, family in simulated.items():
+        assert family.type == real[name].type, name
+        if family.type == "histogram" and name not in by_max_model_len:
+            assert _bounds(family) == _bounds(real[name]), name
+        # Histograms carry _count, _sum, _bucket and a _created series, as vLLM's do (counters _total too).
+        if family.type in ("histogram", "counter"):
+            assert {s.name for s in family.samples} == {s.name for s in real[name].samples}, name
+            assert f"{name}_created" in all_simulated, name
+    preempted = simulated["vllm:request_num_preemptions"]
+    assert {s.name for s in preempted.samples} == {"vllm:request_num_preemptions_bucket",
+                                                   "vllm:request_num_preemptions_count",
+                                                   "vllm:request_num_preemptions_sum"}
+    assert _bounds(preempted) == ["1.0", "2.0", "3.0", "4.0", "5.0", "10.0", "20.0", "+Inf"]
+    count = next(s.value for s in preempted.samples if s.name.endswith("_count"))
+    assert count == 1  # the one request, finished without a preemption

@@ -82,3 +82,38 @@ def test_token_times_follow_the_profile_after_idle_and_during_warmup() -> None:
     assert [b - a for a, b in itertools.pairwise(warm)] == pytest.approx([p.step_seconds(1, 0)] * 3)
     cold = asyncio.run(token_times(0))
     assert cold[0] == pytest.approx(p.step_seconds(1, 99) * p.warmup_factor)
+
+
+def test_gpu_utilisation_rises_with_the_running_batch_and_saturates() -> None:
+    def utilisation(concurrency: int) -> float:
+        return run_virtual_load(H100_LLAMA_8B, max_num_seqs=256, concurrency=concurrency, prompt_tokens=64,
+                                output_tokens=256, duration=10).gpu_utilization
+
+    one, eight, full = utilisation(1), utilisation(8), utilisation(64)
+    assert 0.15 < one < 0.3  # one request keeps the GPU busy all the time but fills a fifth of it
+    assert one < eight < full and full > 0.97
+
+
+def test_each_finished_request_records_how_often_it_was_preempted() -> None:
+    async def go() -> tuple[float, float, float]:
+        clock = VirtualClock()
+        registry = CollectorRegistry()
+        # 8 sequences growing to 48 tokens need 24 blocks of 16; the cache holds 12: some are preempted.
+        engine = Engine(profile=TINY_CPU, clock=clock,
+                        scheduler=Scheduler(max_num_seqs=8, max_num_batched_tokens=512, total_blocks=12,
+                                            block_size=16),
+                        metrics=EngineMetrics(registry, model_name="m", max_model_len=2048, cache_info={}))
+        runner = asyncio.create_task(engine.run())
+        handles = [engine.submit(prompt_tokens=16, max_tokens=32, ignore_eos=True) for _ in range(8)]
+        for handle in handles:
+            while not handle.done:
+                await handle.events.get()
+        engine.stop()
+        await runner
+        labels = {"model_name": "m", "engine": "0"}
+        return (registry.get_sample_value("vllm:request_num_preemptions_count", labels) or 0.0,
+                registry.get_sample_value("vllm:request_num_preemptions_sum", labels) or 0.0,
+                registry.get_sample_value("vllm:num_preemptions_total", labels) or 0.0)
+
+    count, total, preemptions = asyncio.run(go())
+    assert count == 8 and preemptions > 0 and total == preemptions

@@ -15,7 +15,7 @@ EVIDENCE_POINTS = 12
 STALE_AFTER_SECONDS = 180.0
 _STALE = timedelta(seconds=STALE_AFTER_SECONDS)
 
-Value = float | int | bool | str | list[str] | None
+Value = float | int | bool | str | list[str] | list[int] | None
 Measured = float | int | bool | str | None
 
 

@@ -1,51 +1,26 @@
-"""XID events, classified by blast radius (NVIDIA XID catalog: https://docs.nvidia.com/deploy/xid-errors/).
+"""XID events, classified by blast radius (the table is ``agent.gpu.xid``'s, shared with the agent's exporter).
 
 Application-level XIDs are faults of the program on the GPU (a bad kernel, an illegal address): restarting
 the engine clears them. Hardware-level XIDs mean the device or its links are failing: the GPU must take no
 new work (cordon) and a human must look; restarting the engine there only moves the crash.
+
+Every code the GPU logged within the window is classified, not only the last one: a hardware XID followed by an
+application XID (a failing GPU tears its contexts down: 79, then 45) is still a hardware XID. The application
+condition leaves such a window to the hardware one: a restart on a failing GPU only moves the crash.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Literal
 
+from agent.gpu.xid import APPLICATION_XIDS, HARDWARE_XIDS, BlastRadius, classify_xid, describe_xid
 from controlplane.policy.conditions import XidCondition
 from controlplane.policy.detectors.findings import Finding, evidence_of
 from controlplane.policy.durations import format_duration
 from controlplane.policy.snapshot import Gpu
 
-BlastRadius = Literal["application", "hardware", "unknown"]
-
-APPLICATION_XIDS: dict[int, str] = {
-    13: "graphics engine exception (illegal instruction or address in a kernel)",
-    31: "GPU memory page fault (illegal address access by the application)",
-    43: "GPU stopped processing (the faulting context was killed)",
-    45: "preemptive cleanup after an earlier error (the process was torn down)",
-}
-HARDWARE_XIDS: dict[int, str] = {
-    48: "double-bit ECC error (uncorrectable memory error)",
-    63: "ECC page retirement or row remapping event",
-    64: "ECC page retirement or row remapping failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-}
-
-
-def classify_xid(code: int) -> BlastRadius:
-    """Which blast radius an XID code has; codes outside both tables are "unknown" (page, don't act)."""
-    if code in HARDWARE_XIDS:
-        return "hardware"
-    if code in APPLICATION_XIDS:
-        return "application"
-    return "unknown"
-
-
-def describe_xid(code: int) -> str:
-    return HARDWARE_XIDS.get(code) or APPLICATION_XIDS.get(code) or "not in Pitstop's table; see NVIDIA's catalog"
+__all__ = ["APPLICATION_XIDS", "HARDWARE_XIDS", "BlastRadius", "classify_xid", "describe_xid", "detect_xid",
+           "new_xids", "xids_within"]
 
 
 def new_xids(gpu: Gpu, now: datetime, within: float) -> int:
@@ -63,22 +38,44 @@ def new_xids(gpu: Gpu, now: datetime, within: float) -> int:
     return gpu.xid_events_total - baseline if gpu.xid_events_total >= baseline else gpu.xid_events_total
 
 
+def xids_within(gpu: Gpu, now: datetime, within: float) -> list[int]:
+    """Every XID code the GPU's readings of the last ``within`` carried, oldest first.
+
+    An agent that predates ``xids`` reports only its last code: with no code in the window, ``last_xid`` stands
+    for them all.
+    """
+    start = now - timedelta(seconds=within)
+    codes = [code for r in gpu.history if start < r.at <= now for code in r.xids]
+    if not codes and gpu.last_xid is not None:
+        return [gpu.last_xid]
+    return codes
+
+
 def detect_xid(cond: XidCondition, gpu: Gpu, now: datetime) -> Finding | None:
-    """A finding when the GPU logged XIDs within the window and its last code has the condition's radius."""
-    if gpu.last_xid is None:
-        return None
+    """A finding when the GPU logged XIDs within the window and one of them has the condition's radius."""
     count = new_xids(gpu, now, cond.within)
     if count <= 0:
         return None
-    radius = classify_xid(gpu.last_xid)
-    if cond.blast_radius not in ("any", radius):
+    codes = xids_within(gpu, now, cond.within)
+    radii = [classify_xid(c) for c in codes]
+    if cond.blast_radius == "application" and "hardware" in radii:
+        return None  # the hardware XID explains it, and its condition acts on the GPU
+    matching = [c for c, radius in zip(codes, radii, strict=True) if cond.blast_radius in ("any", radius)]
+    if not matching:
         return None
+    code = matching[0]
+    radius = classify_xid(code)
+    seen = ", ".join(str(c) for c in _distinct(codes))
     start = now - timedelta(seconds=cond.within)
     return Finding(
         detector="xid",
         subject=gpu.key,
-        summary=f"XID {gpu.last_xid} on GPU {gpu.index} of {gpu.node} ({radius}: {describe_xid(gpu.last_xid)}); "
-        f"{count} event(s) in {format_duration(cond.within)}",
-        measured={"xid": gpu.last_xid, "blast_radius": radius, "events": count, "uuid": gpu.uuid},
-        evidence=evidence_of([r for r in gpu.history if start <= r.at <= now], ["xid_events_total"]),
+        summary=f"XID {code} on GPU {gpu.index} of {gpu.node} ({radius}: {describe_xid(code)}); "
+        f"{count} event(s) in {format_duration(cond.within)}" + (f" (XIDs {seen})" if len(codes) > 1 else ""),
+        measured={"xid": code, "blast_radius": radius, "events": count, "xids": seen, "uuid": gpu.uuid},
+        evidence=evidence_of([r for r in gpu.history if start <= r.at <= now], ["xid_events_total", "xids"]),
     )
+
+
+def _distinct(codes: list[int]) -> list[int]:
+    return list(dict.fromkeys(codes))
