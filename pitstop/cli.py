@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "console": ("controlplane.console.launch", "main", "open the Streamlit ops console"),
     "sim": ("enginesim.cli", "main", "vLLM-compatible engine simulator: 'pitstop sim serve MODEL [vllm flags]'"),
     "policy": ("controlplane.policy_cli", "main", "check remediation policy files, explain what they would do"),
-    "dashboards": ("pitstop.dashboards", "main", "push the Grafana dashboards with grafana-client"),
+    "dashboards": ("pitstop.dashboards", "main", "push the Grafana dashboards through Grafana's HTTP API"),
     "demo": ("pitstop.demo", "main", "control plane + agent + three simulated replicas + console + load"),
 }
 

@@ -1,8 +1,12 @@
-"""``pitstop dashboards push``: upload the Grafana dashboards in ``dashboards/`` through grafana-client.
+"""``pitstop dashboards push``: upload the Grafana dashboards in ``dashboards/`` through Grafana's HTTP API.
 
 Each dashboard JSON is posted to ``/api/dashboards/db`` with ``overwrite: true`` into one folder (created when
 missing), so pushing again replaces the dashboards by uid instead of duplicating them. The dashboards select
 their Prometheus data source through a ``${datasource}`` variable, so the same files work on any Grafana.
+
+The three calls it makes (list folders, create a folder, post a dashboard) go through httpx, not a Grafana client
+library: grafana-client's HTTP stack (niquests, urllib3-future) replaces the ``urllib3`` module of the environment
+it is installed in and breaks requests-based tools beside it.
 """
 
 from __future__ import annotations
@@ -15,33 +19,50 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Protocol
+
+import httpx
+
+from pitstop import __version__
 
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "dashboards"
 DEFAULT_FOLDER = "Pitstop"
 GENERAL_FOLDER = "General"  # Grafana's root: no folder uid
-
-
-class Folders(Protocol):
-    def get_all_folders(self) -> Any: ...
-    def create_folder(self, title: str, uid: str | None = None) -> Any: ...
-
-
-class Dashboards(Protocol):
-    def update_dashboard(self, dashboard: dict[str, Any]) -> Any: ...
+# GET /api/folders answers a page at a time (Grafana's own default and maximum page size).
+FOLDER_PAGE = 1000
 
 
 class Grafana(Protocol):
-    """The part of ``grafana_client.GrafanaApi`` this command uses."""
+    """The Grafana HTTP API calls ``push`` makes."""
 
-    @property
-    def folder(self) -> Folders: ...
-    @property
-    def dashboard(self) -> Dashboards: ...
+    def folders(self) -> list[dict[str, Any]]: ...
+    def create_folder(self, title: str, uid: str) -> dict[str, Any]: ...
+    def post_dashboard(self, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class DashboardFileError(ValueError):
     """A dashboard file that is not a Grafana dashboard (names the file)."""
+
+
+class GrafanaUrlError(ValueError):
+    """A --grafana-url that is not http[s]://host[:port][/path]."""
+
+
+class GrafanaError(Exception):
+    """Grafana refused a request or answered something else than its API does (names what was being done)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# What each refusal most likely means, after Grafana's own message.
+_HINTS = {
+    401: "the token (or user:password in the URL) was not accepted",
+    403: "the credentials may not do this (a service account with the Editor role may)",
+    404: "no such API here: is the URL Grafana's base URL, with its sub-path if it has one?",
+}
 
 
 @dataclass(frozen=True)
@@ -73,14 +94,27 @@ def folder_uid_for(title: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", title.strip().lower()).strip("-")[:40] or "pitstop"
 
 
+def _find_folder(api: Grafana, title: str) -> str | None:
+    for folder in api.folders():
+        if folder.get("title") == title:
+            return str(folder["uid"])
+    return None
+
+
 def ensure_folder(api: Grafana, title: str) -> str | None:
     """The uid of the folder called ``title``, created when missing; None for Grafana's General folder."""
     if title == GENERAL_FOLDER:
         return None
-    for folder in api.folder.get_all_folders() or []:
-        if folder.get("title") == title:
-            return str(folder["uid"])
-    created = api.folder.create_folder(title, uid=folder_uid_for(title))
+    found = _find_folder(api, title)
+    if found is not None:
+        return found
+    try:
+        created = api.create_folder(title, uid=folder_uid_for(title))
+    except GrafanaError as exc:
+        # 409: created meanwhile (another push), or a folder of that uid with another title.
+        if exc.status != 409 or (found := _find_folder(api, title)) is None:
+            raise
+        return found
     return str(created["uid"])
 
 
@@ -99,18 +133,110 @@ def push(api: Grafana, boards: Sequence[dict[str, Any]], folder: str = DEFAULT_F
     folder_uid = ensure_folder(api, folder)
     pushed = []
     for board in boards:
-        answer = api.dashboard.update_dashboard(push_request(board, folder_uid, message)) or {}
+        answer = api.post_dashboard(push_request(board, folder_uid, message))
         pushed.append(Pushed(uid=str(answer.get("uid", board["uid"])), title=str(board["title"]),
                              url=str(answer.get("url", "")), version=answer.get("version")))
     return pushed
 
 
-def connect(url: str, token: str | None, timeout: float) -> Grafana:
-    """A grafana-client API; ``token`` is a service-account or API token (``user:password@`` in the URL works too)."""
-    from grafana_client import GrafanaApi
+class GrafanaClient:
+    """Grafana's HTTP API over httpx: a Bearer ``token`` (service-account or API token), else basic auth from
+    ``user:password@`` in the URL; a sub-path in the URL is kept (Grafana behind a proxy), ``?verify=false``
+    skips TLS verification."""
 
-    api: Grafana = GrafanaApi.from_url(url, credential=token or None, timeout=timeout)
-    return api
+    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        parsed = httpx.URL(url)
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise GrafanaUrlError(f"not a Grafana URL (http[s]://host[:port][/path]): {redact(url)}")
+        headers = {"Accept": "application/json", "User-Agent": f"pitstop/{__version__}"}
+        auth: httpx.BasicAuth | None = None
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        elif parsed.username:
+            auth = httpx.BasicAuth(parsed.username, parsed.password)
+        verify = parsed.params.get("verify", "true").lower() not in ("false", "0", "no", "off")
+        self.base_url = str(parsed.copy_with(username=None, password=None, query=None, fragment=None))
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, auth=auth, timeout=timeout, verify=verify,
+                                  transport=transport)
+
+    def folders(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        page = 1
+        while True:
+            answer = self._call("GET", "/api/folders", "listing folders",
+                                params={"limit": FOLDER_PAGE, "page": page})
+            if not isinstance(answer, list) or not all(isinstance(f, dict) for f in answer):
+                raise GrafanaError(f"listing folders: {self.base_url}api/folders did not answer a list of folders")
+            found += answer
+            if len(answer) < FOLDER_PAGE:
+                return found
+            page += 1
+
+    def create_folder(self, title: str, uid: str) -> dict[str, Any]:
+        answer = self._call("POST", "/api/folders", f"creating folder {title!r}", json={"title": title, "uid": uid})
+        if not isinstance(answer, dict) or "uid" not in answer:
+            raise GrafanaError(f"creating folder {title!r}: the answer names no folder uid")
+        return answer
+
+    def post_dashboard(self, body: dict[str, Any]) -> dict[str, Any]:
+        board = body["dashboard"]
+        answer = self._call("POST", "/api/dashboards/db",
+                            f"pushing dashboard {board.get('title')!r} (uid {board.get('uid')})", json=body)
+        return answer if isinstance(answer, dict) else {}
+
+    def _call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
+        answer = self._http.request(method, path, **kwargs)
+        if answer.is_redirect:
+            raise GrafanaError(f"{what}: {answer.status_code}, redirected to {answer.headers.get('location')} "
+                               "(use that URL)", answer.status_code)
+        if answer.status_code >= 400:
+            raise GrafanaError(f"{what}: {_refusal(answer)}", answer.status_code)
+        try:
+            return answer.json()
+        except ValueError as exc:
+            raise GrafanaError(f"{what}: {answer.status_code} with a body that is not JSON: is "
+                               f"{self.base_url} Grafana?", answer.status_code) from exc
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> GrafanaClient:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _refusal(answer: httpx.Response) -> str:
+    """``401 Unauthorized: Grafana's message (what it likely means)``."""
+    said = ""
+    try:
+        payload = answer.json()
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and payload.get("message"):
+        said = f": {payload['message']}"
+    elif answer.text.strip():
+        said = f": {answer.text.strip()[:200]}"
+    hint = _HINTS.get(answer.status_code) or ("Grafana failed on its side" if answer.status_code >= 500 else "")
+    return f"{answer.status_code} {answer.reason_phrase}{said}" + (f" ({hint})" if hint else "")
+
+
+def redact(url: str) -> str:
+    """``url`` without a password, for messages."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return "<an invalid URL>"
+    return str(parsed.copy_with(password=None, username=None)) if parsed.password or parsed.username else url
+
+
+def connect(url: str, token: str | None, timeout: float) -> GrafanaClient:
+    """A client of the Grafana at ``url``; ``token`` is a service-account or API token (``user:password@`` in the
+    URL works too)."""
+    return GrafanaClient(url, token or None, timeout)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -133,19 +259,19 @@ def main(argv: Sequence[str]) -> int:
     if not args.grafana_url:
         print("pitstop dashboards: error: --grafana-url (or GRAFANA_URL) is required", file=sys.stderr)
         return 2
-    from grafana_client.client import GrafanaException
-
     try:
         boards = load_dashboards(args.dir)
-        results = push(connect(args.grafana_url, args.token, args.timeout), boards, args.folder)
-    except DashboardFileError as exc:
+        with connect(args.grafana_url, args.token, args.timeout) as api:
+            results = push(api, boards, args.folder)
+    except (DashboardFileError, GrafanaUrlError, httpx.InvalidURL) as exc:
         print(f"pitstop dashboards: error: {exc}", file=sys.stderr)
         return 2
-    except GrafanaException as exc:
+    except GrafanaError as exc:
         print(f"pitstop dashboards: Grafana refused: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:  # connection refused, DNS, timeouts surface as OSError subclasses in niquests
-        print(f"pitstop dashboards: cannot reach {args.grafana_url}: {exc}", file=sys.stderr)
+    except (httpx.RequestError, OSError) as exc:  # connection refused, DNS, TLS, timeouts
+        print(f"pitstop dashboards: cannot reach {redact(args.grafana_url)}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
         return 1
     for r in results:
         print(f"{r.uid}\t{r.title}\tversion {r.version}\t{r.url}")

@@ -10,9 +10,21 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.api import actions, admin, alertmanager, desired, fleet, health, remediation, reports, silences
+from controlplane.api import (
+    actions,
+    admin,
+    alertmanager,
+    desired,
+    fleet,
+    health,
+    prometheus_sd,
+    remediation,
+    reports,
+    silences,
+)
 from controlplane.api.auth import Authenticator
 from controlplane.api.context import AppContext, Clock, utc_now
+from controlplane.api.store_metrics import read_store
 from controlplane.api.telemetry import Telemetry, TelemetryMiddleware
 from controlplane.config import ServerConfig
 from controlplane.fleet.writer import ReportWriter
@@ -20,6 +32,7 @@ from controlplane.heap import HeapFreezer
 from controlplane.jobs import Jobs, PolicyHook
 from controlplane.leader import Leadership, leadership_for
 from controlplane.policy_process import PolicyProcess
+from controlplane.remediation.finished import watch as watch_finished
 from controlplane.store.db import make_engine, make_sessionmaker, migrate
 
 log = logging.getLogger(__name__)
@@ -44,6 +57,8 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
     migrate(engine)
     sessions = make_sessionmaker(engine)
     telemetry = Telemetry()
+    # pitstop_cp_actions_total: every final state this app's sessions commit.
+    watch_finished(sessions, telemetry.count_finished)
     ctx = AppContext(
         config=config, engine=engine, sessions=sessions, clock=clock, telemetry=telemetry,
         auth=Authenticator(config, sessions, clock=clock),
@@ -51,9 +66,11 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
         reports=ReportWriter(sessions, clock, report_interval_seconds=config.report_interval_seconds,
                              max_pending=config.max_pending_reports, on_batch=telemetry.report_batch_size.observe),
     )
+    telemetry.serve_store(lambda: read_store(sessions, clock, ctx.stale_after))
     process = None
     if policy_process and config.policies_enabled:
-        process = PolicyProcess(config, on_round=ctx.telemetry.policy_round_seconds.observe, log_level=log_level)
+        process = PolicyProcess(config, on_round=ctx.telemetry.policy_round_seconds.observe,
+                                on_finished=telemetry.count_finished, log_level=log_level)
     jobs = Jobs(sessions=sessions, leadership=ctx.leadership, config=config, clock=clock,
                 on_leadership=lambda leads: ctx.telemetry.leader.set(1 if leads else 0), policy_hook=policy_hook,
                 on_round=ctx.telemetry.policy_round_seconds.observe, heap=heap, policy_process=process,
@@ -83,8 +100,8 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
     app.state.pitstop = ctx
     app.state.jobs = jobs
     app.add_middleware(TelemetryMiddleware, telemetry=ctx.telemetry)
-    for router in (reports.router, fleet.router, desired.router, actions.router, admin.router, health.router,
-                   remediation.router, silences.router, alertmanager.router):
+    for router in (reports.router, fleet.router, prometheus_sd.router, desired.router, actions.router, admin.router,
+                   health.router, remediation.router, silences.router, alertmanager.router):
         app.include_router(router)
 
     def openapi() -> dict[str, Any]:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import platform
 import time
+from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from controlplane.api.store_metrics import StoreCollector, StoreReading
+from controlplane.policy.kinds import ActionKind
+from controlplane.policy.lifecycle import FINAL, ActionState
+from pitstop import __version__
 
 # Reasons a report is refused; a fixed set so the label's cardinality is bounded.
 REJECT_REASONS = ("unauthorized", "forbidden", "too_large", "malformed", "node_mismatch", "protocol_version",
@@ -17,7 +24,8 @@ ALERTMANAGER_TARGET_KINDS = ("replica", "node", "model", "unmapped")
 
 
 class Telemetry:
-    """Request latency, reports received/applied/rejected, Alertmanager payloads, and nodes by status."""
+    """Request latency, reports received/applied/rejected, Alertmanager payloads, actions finished, the process and
+    the build; ``serve_store`` adds what is read from the store on each scrape (``store_metrics``)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -34,17 +42,9 @@ class Telemetry:
             "pitstop_cp_reports_rejected_total", "Agent reports refused, by reason.",
             ["reason"], registry=self.registry,
         )
-        self.nodes = Gauge(
-            "pitstop_cp_nodes", "Known nodes by status (updated on each scrape).", ["status"],
-            registry=self.registry,
-        )
         self.leader = Gauge(
             "pitstop_cp_leader", "1 while this control plane is the leader (runs the scheduler and executor).",
             registry=self.registry,
-        )
-        self.actions = Gauge(
-            "pitstop_cp_actions", "Actions in the store by kind and state (outcome), updated on each scrape.",
-            ["kind", "state"], registry=self.registry,
         )
         self.policy_round_seconds = Histogram(
             "pitstop_cp_policy_round_seconds", "Duration of one policy round on the leader (snapshot, evaluation, "
@@ -64,14 +64,6 @@ class Telemetry:
             "pitstop_cp_notifications_total", "Notification attempts by receiver and outcome (sent; pending: to be "
             "retried; failed: given up).", ["receiver", "outcome"], registry=self.registry,
         )
-        self.notifications_pending = Gauge(
-            "pitstop_cp_notifications_pending", "Notifications in the outbox not yet sent (updated on each scrape).",
-            registry=self.registry,
-        )
-        self.notification_oldest_pending = Gauge(
-            "pitstop_cp_notification_oldest_pending_seconds", "How long the oldest unsent notification has waited "
-            "(0 with none; updated on each scrape).", registry=self.registry,
-        )
         self.alertmanager_rejected = Counter(
             "pitstop_cp_alertmanager_rejected_total", "Alertmanager webhook payloads refused, by reason (nothing of "
             "a refused payload is stored).", ["reason"], registry=self.registry,
@@ -80,6 +72,21 @@ class Telemetry:
             "pitstop_cp_alertmanager_alerts_total", "Alerts received from Alertmanager, by what their labels "
             "mapped to (replica, node, model, or unmapped).", ["target"], registry=self.registry,
         )
+        # In no registry of its own: the store collector serves it beside pitstop_cp_actions (see store_metrics).
+        self.actions_finished = Counter(
+            "pitstop_cp_actions_total", "Actions that reached a final state, by kind and outcome (the final state), "
+            "counted when the change commits. Per control-plane process (its policy process included): sum across "
+            "control-plane instances.", ["kind", "outcome"], registry=None,
+        )
+        self.build_info = Gauge(
+            "pitstop_build_info", "The running Pitstop and Python versions (always 1).", ["version", "python"],
+            registry=self.registry,
+        )
+        self.build_info.labels(version=__version__, python=platform.python_version()).set(1)
+        ProcessCollector(registry=self.registry)
+        for action_kind in ActionKind:  # every child from the start, so increase() sees the first one
+            for outcome in sorted(FINAL):
+                self.actions_finished.labels(kind=action_kind.value, outcome=outcome.value)
         for reason in REJECT_REASONS:
             self.reports_rejected.labels(reason=reason)
         for reason in ALERTMANAGER_REJECT_REASONS:
@@ -92,6 +99,14 @@ class Telemetry:
 
     def reject_alertmanager(self, reason: str) -> None:
         self.alertmanager_rejected.labels(reason=reason).inc()
+
+    def count_finished(self, kind: str, state: ActionState) -> None:
+        """One action of ``kind`` reached the final ``state`` (``remediation.finished.watch``'s hook)."""
+        self.actions_finished.labels(kind=kind, outcome=state.value).inc()
+
+    def serve_store(self, read: Callable[[], StoreReading]) -> None:
+        """Serve the store's gauges, ``read`` once per scrape, and ``pitstop_cp_actions_total`` with them."""
+        self.registry.register(StoreCollector(read, finished=self.actions_finished))
 
 
 class TelemetryMiddleware:

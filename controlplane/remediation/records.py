@@ -4,7 +4,8 @@ guard state the guardrails read.
 The states, the allowed transitions and who owns each arrow are ``policy.lifecycle``'s; the payload of each
 kind is ``policy.payloads``'; what each kind is, ``policy.kinds``. Every state change goes through
 ``transition``: the table's guard first, then a write conditional on the old state (the claim two leaders
-race on), then a line in ``action_transitions``.
+race on), then a line in ``action_transitions``. Every final state written here (at creation or by a transition)
+is noted for ``finished.watch``, which counts it once the session commits.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from sqlalchemy.orm import Session
 from controlplane.policy import payloads as p
 from controlplane.policy.guardrails import STATE_OF, ActionRecord, Decision, GuardState
 from controlplane.policy.kinds import ActionKind, find
-from controlplane.policy.lifecycle import ActionState, check_transition
+from controlplane.policy.lifecycle import FINAL, ActionState, check_transition
 from controlplane.policy.payloads import CorruptPayload, Payload, parse_payload, payload_json
 from controlplane.policy.proposals import ProposedAction
+from controlplane.remediation import finished
 from controlplane.store.models import ActionRow, ActionTransitionRow, AlertRow
 
 S = ActionState
@@ -213,6 +215,7 @@ def create(*, session: Session, proposal: ProposedAction, state: ActionState | s
     session.flush()
     cause = "; ".join(str(g.get("reason") or g.get("verdict")) for g in guardrails if g) or proposal.reason
     _trail(session, row.id, None, state, now, requested_by, cause)
+    finished.note(session, row.kind, state)
     return row
 
 
@@ -277,6 +280,9 @@ def transition(*, session: Session, action_id: int, src: ActionState, dst: Actio
     moved = int(getattr(done, "rowcount", 0) or 0) == 1
     if moved:
         _trail(session, action_id, src, dst, now, by, cause or str(values.get("outcome") or ""))
+        if dst in FINAL:  # counted by ``pitstop_cp_actions_total`` once the session commits
+            finished.note(session, session.scalars(select(ActionRow.kind).where(ActionRow.id == action_id)).one(),
+                          dst)
     return moved
 
 

@@ -26,6 +26,13 @@ def _round_count(client: TestClient) -> float:
     return 0.0
 
 
+def _sample(client: TestClient, series: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def test_rounds_run_in_their_own_process_and_act_on_reports(tmp_path: Path) -> None:
     config = ServerConfig(database_url=f"sqlite:///{tmp_path / 'pitstop.db'}", policy_interval_seconds=0.5,
                           policy_debounce_seconds=0.2, leader_poll_seconds=0.5)
@@ -41,8 +48,10 @@ def test_rounds_run_in_their_own_process_and_act_on_reports(tmp_path: Path) -> N
         # The crash-loop policy pages: recorded by the policy process, read back through this one's API.
         wait_until(lambda: any(a["policy"] == "crash-loop" for a in client.get("/v1/actions").json()), 20,
                    what="the policy process to record the crash-loop page")
-        # Each round's duration reaches this process's /metrics.
+        # Each round's duration reaches this process's /metrics, and so do the actions its rounds finished.
         wait_until(lambda: _round_count(client) > 0, 10, what="round durations on /metrics")
+        wait_until(lambda: _sample(client, 'pitstop_cp_actions_total{kind="alert",outcome="succeeded"}') >= 1, 10,
+                   what="the finished page on /metrics")
     # The app's shutdown ends the policy process.
     deadline = time.monotonic() + 10
     while process.alive() and time.monotonic() < deadline:

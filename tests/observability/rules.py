@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.exporter import AgentCollector, ExportState
 from agent.wire import EngineSample, GpuSample, ProcessSample, ReplicaState, ReplicaStatus
+from controlplane.api.store_metrics import StoreReading
 from controlplane.api.telemetry import Telemetry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +28,19 @@ def runbook_file(url: str) -> Path:
     return ROOT / url.removeprefix(RUNBOOK_BASE)
 RULE_TESTS = sorted((ROOT / "alerts" / "tests").glob("*.yml"))
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
+# vLLM 0.33's metric families (name, kind), as the simulator exports them.
+VLLM_METRICS = ROOT / "enginesim" / "data" / "vllm-metrics.tsv"
+
+# Recording rules no alert reads, kept for the dashboards (the names are their interface) and for the live
+# tests; every other recording rule must be read by an alert, directly or through another rule.
+FOR_DASHBOARDS = frozenset({
+    *(f"model:vllm_{sli}_seconds:{q}_{w}" for sli in ("ttft", "itl", "e2e") for q in ("p50", "p95", "p99")
+      for w in ("1m", "5m")),
+    "model:vllm_generation_tokens:rate1m",
+    "model:vllm_request_error_ratio:1m",
+    "model:pitstop_replicas_ready:ratio",
+    "node_gpu:pitstop_gpu_thermal_headroom_celsius",
+})
 
 # PromQL identifiers; string literals are removed first so label values never count as series.
 _IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
@@ -59,6 +73,51 @@ def pitstop_series(expr: str) -> set[str]:
     return {name for name in _IDENT.findall(bare) if "pitstop_" in name}
 
 
+# A recording rule's name: level:metric:operations.
+_RECORDED = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
+
+
+def referenced_series(expr: str) -> set[str]:
+    """Every identifier in ``expr`` that names a Pitstop series, a vLLM series or a recording rule."""
+    bare = _RANGE.sub("", _STRING.sub('""', expr))
+    return {name for name in _IDENT.findall(bare)
+            if "pitstop_" in name or name.startswith("vllm:") or _RECORDED.match(name)}
+
+
+def vllm_series(path: Path = VLLM_METRICS) -> set[str]:
+    """Sample names of vLLM's metric families: counters with _total, histograms with _bucket, _count, _sum."""
+    names: set[str] = set()
+    for line in path.read_text().splitlines():
+        if line.startswith("#") or line.startswith("name\t") or not line.strip():
+            continue
+        name, kind = line.split("\t")[:2]
+        names |= {name + suffix for suffix in _SUFFIXES.get(kind, ("",))}
+    return names
+
+
+def label_matchers(expr: str, label: str) -> list[tuple[str, str]]:
+    """(operator, value) of every matcher of ``label`` in ``expr``: ``le="0.5"`` gives ("=", "0.5")."""
+    return re.findall(rf'\b{re.escape(label)}\s*(=~|!~|!=|=)\s*"([^"]*)"', expr)
+
+
+def expected_alerts(paths: list[Path] = RULE_TESTS) -> list[tuple[str, dict[str, str]]]:
+    """(alertname, labels) of every alert some promtool test expects to fire."""
+    found: list[tuple[str, dict[str, str]]] = []
+    for path in paths:
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                for alert in case.get("exp_alerts") or []:
+                    labels = {str(k): str(v) for k, v in (alert.get("exp_labels") or {}).items()}
+                    found.append((case["alertname"], labels))
+    return found
+
+
+def promql_test_exprs(paths: list[Path] = RULE_TESTS) -> list[str]:
+    """The expressions of every promtool ``promql_expr_test``."""
+    return [case["expr"] for path in paths for test in yaml.safe_load(path.read_text())["tests"]
+            for case in test.get("promql_expr_test", [])]
+
+
 def alerts_expected_to_fire(paths: list[Path] = RULE_TESTS) -> set[str]:
     """Alert names that some promtool test expects to fire."""
     names: set[str] = set()
@@ -86,7 +145,11 @@ def exported_series() -> set[str]:
     registry = CollectorRegistry()
     registry.register(AgentCollector(lambda: ExportState(node="n", gpus=[gpu], replicas=[replica])))
     names = _sample_names(registry)
-    return names | _sample_names(Telemetry().registry)
+    telemetry = Telemetry()
+    # The families read from the store on each scrape (nodes, actions, the outbox), served as the app does.
+    telemetry.serve_store(lambda: StoreReading(nodes={}, actions={}, notifications_pending=0,
+                                               notification_oldest_pending_seconds=0.0))
+    return names | _sample_names(telemetry.registry)
 
 
 # Sample-name suffixes by family type: a labelled metric with no child yet has a family but no samples.
@@ -115,6 +178,44 @@ def dashboard_exprs(path: Path) -> list[tuple[str, str]]:
 
     walk(board.get("panels", []))
     return found
+
+
+_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+# What Grafana's Prometheus data source escapes in a value of a multi-value or "All" variable inside =~ regexes.
+_REGEX_SPECIAL = re.compile(r"[$^*{}\[\]'+?.()|]")
+
+
+def _grafana_regex_value(value: str | Sequence[str]) -> str:
+    """A variable's value as Grafana writes it into PromQL: ``.*`` (All) as is, a value regex-escaped (with
+    the backslash doubled for the double-quoted PromQL string), several as ``(a|b)``."""
+    if isinstance(value, str):
+        if value == ".*":
+            return value
+        return _REGEX_SPECIAL.sub(lambda m: "\\\\" + m.group(), value.replace("\\", "\\\\\\\\"))
+    escaped = [_grafana_regex_value(v) for v in value]
+    return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+
+
+def substitute(expr: str, values: Mapping[str, str | Sequence[str]], *, rate_interval: str = "1m",
+               interval: str = "15s", range_: str = "1h") -> str:
+    """``expr`` with its template variables replaced as Grafana would before sending it to Prometheus.
+
+    ``values`` maps a variable (``node``) to its value: one value (``"node-a"``), several (``["a", "b"]``,
+    written ``(a|b)``) or ``".*"``, the dashboards' "All". ``$var``, ``${var}`` and ``${var:format}`` are
+    replaced; ``$__rate_interval``, ``$__interval`` and ``$__range`` become ``rate_interval``, ``interval`` and
+    ``range_``. A variable missing from ``values`` raises KeyError (a query Grafana could not run either).
+    """
+    builtins = {"__rate_interval": rate_interval, "__interval": interval, "__range": range_}
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name in builtins:
+            return builtins[name]
+        if name not in values:
+            raise KeyError(f"no value for the template variable ${name} in {expr!r}")
+        return _grafana_regex_value(values[name])
+
+    return _VARIABLE.sub(value, expr)
 
 
 def dashboard_variable_exprs(path: Path) -> list[str]:
