@@ -1,0 +1,70 @@
+"""``GET /engines/{replica}/metrics``: an engine's own /metrics, passed through the agent for Prometheus.
+
+Engines usually listen on loopback; the agent's port is the one a node opens to its Prometheus. The control
+plane's service discovery (``GET /v1/prometheus/targets?job=pitstop-engines``, docs/design.md "Metrics")
+points one scrape target per replica at this path, with the fleet labels (node, replica, model, gpu) as target
+labels, so vLLM's histograms and counters reach Prometheus with them and nothing here parses or rewrites the
+text. The body is passed through as the engine sent it, capped: an engine streaming without end is refused
+(502, and counted by the agent's scrape errors the next time it reads the engine), never buffered whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+# vLLM's full /metrics is ~70 kB for one model; a multi-LoRA engine a few hundred kB. 16 MiB is far past any
+# honest body and small enough that eight engines read at once cannot hurt the agent.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+# Prometheus's default scrape timeout; it sends its own in X-Prometheus-Scrape-Timeout-Seconds.
+DEFAULT_TIMEOUT = 10.0
+_PASSED_HEADERS = ("accept",)
+
+
+@dataclass(frozen=True)
+class Proxied:
+    """What to answer: the engine's status, body and content type, or the agent's reason it has none."""
+
+    status: int
+    body: bytes
+    content_type: str
+
+
+def scrape_timeout(header: str | None, default: float = DEFAULT_TIMEOUT) -> float:
+    """The time to give the engine: a little under Prometheus's own timeout, so the agent answers first."""
+    try:
+        offered = float(header) if header else default
+    except ValueError:
+        offered = default
+    return max(0.5, min(offered, default) - 0.25)
+
+
+def _refusal(status: int, reason: str) -> Proxied:
+    return Proxied(status, (reason + "\n").encode(), "text/plain; charset=utf-8")
+
+
+async def fetch_engine_metrics(client: httpx.AsyncClient, base_url: str, headers: dict[str, str],
+                               within: float, max_bytes: int = MAX_BODY_BYTES) -> Proxied:
+    """One engine's /metrics as it sent it; a 503 when it does not answer, a 502 when its body is too big."""
+    forward = {k: v for k, v in headers.items() if k.lower() in _PASSED_HEADERS}
+    forward["Accept-Encoding"] = "identity"  # loopback: compression costs both sides and saves nothing
+    url = base_url.rstrip("/") + "/metrics"
+    try:
+        async with client.stream("GET", url, headers=forward, timeout=within) as response:
+            declared = response.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+                return _refusal(502, f"engine /metrics body of {declared} bytes is over {max_bytes}")
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > max_bytes:
+                    return _refusal(502, f"engine /metrics body is over {max_bytes} bytes")
+                chunks.append(chunk)
+            content_type = response.headers.get("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            return Proxied(response.status_code, b"".join(chunks), content_type)
+    except httpx.TimeoutException:
+        return _refusal(503, f"engine at {base_url} did not answer /metrics within {within:.1f} s")
+    except httpx.HTTPError as exc:
+        return _refusal(503, f"engine at {base_url} unreachable: {type(exc).__name__}")
