@@ -118,3 +118,39 @@ def query(prometheus: str, expr: str) -> dict[str, Any]:
 def firing(prometheus: str) -> list[dict[str, Any]]:
     data = httpx.get(f"{prometheus}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
     return [a for a in data if a["state"] == "firing"]
+
+
+def start_prometheus_for_fleet(tmp: Path, processes: StackProcesses, *, control_plane: str, token: str,
+                               rules: Path, alertmanager: str | None = None) -> str:
+    """Prometheus configured as alerts/README.md says: agents and engines found through the control plane's
+    http_sd endpoint (engines scraped through their agent), the control plane scraped directly."""
+    assert PROMETHEUS is not None
+    port = free_port()
+    token_file = tmp / "prometheus-token"
+    token_file.write_text(token)
+
+    def discovered(job: str) -> dict[str, Any]:
+        # The agent labels its own series with node (and gpu, replica, model): it is the authority for them,
+        # so its job honours them rather than prefixing each with exported_ beside the target's node label.
+        return {"job_name": job, "honor_labels": job == "pitstop-agent", "http_sd_configs": [{
+            "url": f"{control_plane}/v1/prometheus/targets?job={job}", "refresh_interval": "1s",
+            "authorization": {"type": "Bearer", "credentials_file": str(token_file)}}]}
+
+    config: dict[str, Any] = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": [discovered("pitstop-agent"), discovered("pitstop-engines"),
+                           {"job_name": "pitstop-controlplane",
+                            "static_configs": [{"targets": [control_plane.removeprefix("http://")]}]}],
+    }
+    if alertmanager is not None:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [
+            {"targets": [alertmanager.removeprefix("http://")]}]}]}
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    processes.start_argv("prometheus", [
+        PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'prom-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ])
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: http_ok(f"{url}/-/ready"), 60, what="Prometheus ready")
+    return url
