@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 import httpx
 
-# vLLM's full /metrics is ~70 kB for one model; a multi-LoRA engine a few hundred kB. 16 MiB is far past any
-# honest body and small enough that eight engines read at once cannot hurt the agent.
-MAX_BODY_BYTES = 16 * 1024 * 1024
+from agent.plain_http import MAX_BODY_BYTES, BodyTooLarge
+
 # Prometheus's default scrape timeout; it sends its own in X-Prometheus-Scrape-Timeout-Seconds.
 DEFAULT_TIMEOUT = 10.0
 _PASSED_HEADERS = ("accept",)
@@ -67,4 +66,6 @@ async def fetch_engine_metrics(client: httpx.AsyncClient, base_url: str, headers
     except httpx.TimeoutException:
         return _refusal(503, f"engine at {base_url} did not answer /metrics within {within:.1f} s")
     except httpx.HTTPError as exc:
+        if isinstance(exc.__cause__, BodyTooLarge):  # the agent's own transport refused it while reading
+            return _refusal(502, f"engine /metrics {exc.__cause__}")
         return _refusal(503, f"engine at {base_url} unreachable: {type(exc).__name__}")

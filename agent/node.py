@@ -101,7 +101,10 @@ class Agent:
             else:
                 self.replicas[spec.name] = AttachedReplica(spec, client, config.scrape_interval, wall=wall,
                                                            wedge_canaries=config.wedge_canaries)
-        self.scrapers = {name: EngineScraper(scrape_client or client, r.spec.base_url, r.model_name, _loop_time,
+        # Engines are read through the lean loopback transport (``agent.plain_http``), scrapes and the
+        # pass-through of /engines/<name>/metrics alike.
+        self.scrape_client = scrape_client or client
+        self.scrapers = {name: EngineScraper(self.scrape_client, r.spec.base_url, r.model_name, _loop_time,
                                              timeout=max(10.0, r.spec.probe_timeout))
                          for name, r in self.replicas.items()}
         self.samplers = {name: ProcessTreeSampler() for name in self.replicas}
@@ -330,7 +333,7 @@ class Agent:
         saved = self.desired_store.load()
         if saved is not None:
             self.apply_desired(saved)
-        app = create_app(self)
+        app = create_app(self, engine_client=self.scrape_client)
         server = _EmbeddedServer(uvicorn.Config(app, host=self.config.host, port=self.config.port,
                                                 log_level="warning", lifespan="off", access_log=False))
         async with asyncio.TaskGroup() as tg:

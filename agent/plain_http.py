@@ -6,7 +6,8 @@ this one: together with the parser that is most of the agent's budget of 1 % of 
 transport, so the scraper still takes an injectable ``httpx.AsyncClient`` (tests give it a mock transport).
 
 Scope, on purpose: ``http://`` only (mount it for that scheme; ``https://`` keeps httpx's own transport),
-bodies sent with Content-Length, responses with Content-Length, chunked, or read to EOF, and no
+bodies sent with Content-Length, responses with Content-Length, chunked, or read to EOF, at most
+``max_body_bytes`` (an engine streaming without end is an error, never buffered whole), and no
 compression (on loopback gzip only costs both sides CPU: ``Accept-Encoding: identity`` is forced). An idle
 connection the server closed meanwhile is retried once on a fresh one when nothing was received.
 """
@@ -19,6 +20,13 @@ import contextlib
 import httpx
 
 _MAX_HEADER_BYTES = 64 * 1024
+# vLLM's full /metrics is ~70 kB; a multi-LoRA engine's a few hundred kB. Far past any honest body, and small
+# enough that eight engines read at once cannot hurt the agent.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+class BodyTooLarge(ValueError):
+    """A response body over the transport's limit."""
 
 
 class _Closed(Exception):
@@ -45,10 +53,11 @@ def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> tuple[bytes, bool]:
-    """The body and whether the connection can be reused."""
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], limit: int) -> tuple[bytes, bool]:
+    """The body and whether the connection can be reused; ``BodyTooLarge`` past ``limit`` bytes."""
     if "chunked" in headers.get("transfer-encoding", "").lower():
         parts: list[bytes] = []
+        total = 0
         while True:
             size_line = await reader.readuntil(b"\r\n")
             size = int(size_line.split(b";", 1)[0].strip(), 16)
@@ -56,18 +65,33 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> t
                 while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
                     pass
                 return b"".join(parts), True
+            total += size
+            if total > limit:
+                raise BodyTooLarge(f"body over {limit} bytes")
             parts.append(await reader.readexactly(size))
             await reader.readexactly(2)
     if "content-length" in headers:
-        return await reader.readexactly(int(headers["content-length"])), True
-    return await reader.read(), False  # HTTP/1.0 style: the body ends with the connection
+        length = int(headers["content-length"])
+        if length > limit:
+            raise BodyTooLarge(f"body of {length} bytes is over {limit}")
+        return await reader.readexactly(length), True
+    # HTTP/1.0 style: the body ends with the connection.
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := await reader.read(256 * 1024):
+        total += len(chunk)
+        if total > limit:
+            raise BodyTooLarge(f"body over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks), False
 
 
 class PlainHttpTransport(httpx.AsyncBaseTransport):
     """Keep-alive HTTP/1.1 over asyncio streams; one idle connection pool per host and port."""
 
-    def __init__(self, max_idle_per_host: int = 4) -> None:
+    def __init__(self, max_idle_per_host: int = 4, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.max_idle_per_host = max_idle_per_host
+        self.max_body_bytes = max_body_bytes
         self._idle: dict[tuple[str, int], list[Connection]] = {}
         self.connections_opened = 0
 
@@ -119,7 +143,7 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
             pairs = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:] if line)]
             headers = {k.lower(): v for k, v in pairs}
             content, reusable = (b"", True) if request.method == "HEAD" or status in ("204", "304") \
-                else await _read_body(reader, headers)
+                else await _read_body(reader, headers, self.max_body_bytes)
         except BaseException:
             _close(writer)
             raise

@@ -10,6 +10,11 @@ read over ``--duration`` seconds, and its RSS sampled. The table shows each run 
     python bench/agent_cost.py                        # 8 replicas, 8 GPUs, 1 s, 3 runs of 60 s
     python bench/agent_cost.py --busy 2               # each engine also serves 2 requests/s (figures move)
     python bench/agent_cost.py --runs 1 --duration 20 --profile /tmp/agent.svg   # py-spy, if installed
+    python bench/agent_cost.py --interval 5 --prometheus-every 15    # default intervals, scraped as in production
+
+``--prometheus-every S`` adds a Prometheus stand-in: every S seconds it reads the agent's /metrics and each
+replica's engine through the agent (``/engines/<replica>/metrics``, where the agent serves it), as the
+``pitstop-agent`` and ``pitstop-engines`` jobs do, and the table adds the series per node it read.
 
 Target (issue 3): under 1 % of one core and under 80 MB RSS.
 """
@@ -17,6 +22,7 @@ Target (issue 3): under 1 % of one core and under 80 MB RSS.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -117,12 +123,57 @@ class Traffic:
             self.thread.join(timeout=15)
 
 
+class PrometheusStandIn:
+    """Reads the agent's /metrics and every engine through the agent every ``every`` seconds, counting the
+    samples of the last round (what Prometheus would store per node); an agent without the pass-through
+    (404) is read for its own /metrics only."""
+
+    def __init__(self, agent: str, replicas: list[str], every: float) -> None:
+        self.agent, self.replicas, self.every = agent, replicas, every
+        self.agent_series = self.engine_series = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _samples(text: str) -> int:
+        return sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+
+    def scrape_once(self, client: httpx.Client) -> None:
+        self.agent_series = self._samples(client.get(f"{self.agent}/metrics").text)
+        engines = 0
+        for name in self.replicas:
+            answer = client.get(f"{self.agent}/engines/{name}/metrics")
+            if answer.status_code == 200:
+                engines += self._samples(answer.text)
+        self.engine_series = engines
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    self.scrape_once(client)
+                if self.stop.wait(self.every):
+                    return
+
+    def __enter__(self) -> PrometheusStandIn:
+        if self.every > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=15)
+
+
 @dataclass
 class RunResult:
     cpu_percent: float
     rss_mb: float
     reports_per_second: float
     report_kb: float
+    agent_series: int = 0
+    engine_series: int = 0
 
 
 def agent_config(tmp: Path, replicas: int, gpus: int, interval: float, cp_port: int) -> dict[str, Any]:
@@ -158,7 +209,9 @@ def one_run(args: argparse.Namespace, n: int) -> RunResult:
                     return len(states) == args.replicas and all(s == "READY" for s in states)
 
                 wait_until(all_ready, 120, "every replica READY")
-                with Traffic([r["port"] for r in config["replicas"]], args.busy):
+                names = [r["name"] for r in config["replicas"]]
+                with Traffic([r["port"] for r in config["replicas"]], args.busy), \
+                        PrometheusStandIn(url, names, args.prometheus_every) as prometheus:
                     time.sleep(args.warmup)
                     agent = psutil.Process(proc.pid)
                     profiler = None
@@ -191,9 +244,12 @@ def one_run(args: argparse.Namespace, n: int) -> RunResult:
     elapsed = t1 - t0
     cpu = ((c1.user - c0.user) + (c1.system - c0.system)) / elapsed * 100.0
     reports = r1 - r0
-    result = RunResult(cpu, max(rss) / 2**20, reports / elapsed, (b1 - b0) / max(1, reports) / 1024)
+    result = RunResult(cpu, max(rss) / 2**20, reports / elapsed, (b1 - b0) / max(1, reports) / 1024,
+                       prometheus.agent_series, prometheus.engine_series)
+    scraped = (f", scraped {result.agent_series} agent + {result.engine_series} engine series"
+               if args.prometheus_every > 0 else "")
     print(f"run {n}: cpu {result.cpu_percent:.2f} % of a core, rss {result.rss_mb:.1f} MB, "
-          f"{result.reports_per_second:.2f} reports/s of {result.report_kb:.1f} kB", flush=True)
+          f"{result.reports_per_second:.2f} reports/s of {result.report_kb:.1f} kB{scraped}", flush=True)
     return result
 
 
@@ -206,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds per run")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--busy", type=float, default=0.0, help="requests per second to each engine (0: idle)")
+    parser.add_argument("--prometheus-every", type=float, default=0.0,
+                        help="seconds between a Prometheus stand-in's scrapes of the agent and its engines (0: off)")
     parser.add_argument("--profile", default=None,
                         help="py-spy profile of the last run: a flame graph (.svg) or collapsed stacks (other)")
     args = parser.parse_args(argv)
@@ -222,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{'< ' + str(TARGET_CPU_PERCENT):>10}  {'yes' if cpu < TARGET_CPU_PERCENT else 'NO'}")
     print(f"{'RSS MB':<22}{rss:>10.1f}{' '.join(f'{r.rss_mb:.1f}' for r in results):>28}"
           f"{'< ' + str(TARGET_RSS_MB):>10}  {'yes' if rss < TARGET_RSS_MB else 'NO'}")
+    if args.prometheus_every > 0:
+        print(f"{'series per node':<22}{results[-1].agent_series + results[-1].engine_series:>10}"
+              f"{'agent ' + str(results[-1].agent_series) + ' + engines ' + str(results[-1].engine_series):>28}")
     return 0 if cpu < TARGET_CPU_PERCENT and rss < TARGET_RSS_MB else 1
 
 

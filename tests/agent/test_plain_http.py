@@ -12,7 +12,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from agent.plain_http import PlainHttpTransport
+from agent.plain_http import BodyTooLarge, PlainHttpTransport
 from tests.helpers import free_port, wait_until
 
 BODY = "vllm:num_requests_running 3\n" * 2000
@@ -30,6 +30,14 @@ def make_app() -> FastAPI:
         async def parts() -> object:
             for i in range(5):
                 yield f"part{i};"
+        return StreamingResponse(parts(), media_type="text/plain")  # type: ignore[arg-type]
+
+    @app.get("/endless")
+    async def endless() -> StreamingResponse:
+        async def parts() -> object:
+            line = "vllm:num_requests_running 3\n" * 4000
+            while True:  # an engine that never stops sending (chunked, no length)
+                yield line
         return StreamingResponse(parts(), media_type="text/plain")  # type: ignore[arg-type]
 
     @app.post("/echo")
@@ -116,3 +124,18 @@ def test_https_is_refused_so_it_can_be_mounted_for_http_only() -> None:
 
     with pytest.raises(httpx.UnsupportedProtocol):
         run(scenario())
+
+
+def test_a_body_past_the_limit_is_an_error_and_never_read_whole(server: str) -> None:
+    async def scenario(path: str) -> BaseException | None:
+        async with httpx.AsyncClient(transport=PlainHttpTransport(max_body_bytes=20_000)) as client:
+            try:
+                await client.get(f"{server}{path}", timeout=10)
+            except httpx.ReadError as exc:
+                return exc.__cause__
+        return None
+
+    declared = run(scenario("/metrics"))  # Content-Length 56,000: refused before the body is read
+    assert isinstance(declared, BodyTooLarge) and "56000 bytes is over 20000" in str(declared)
+    endless = run(scenario("/endless"))  # chunked without end: refused at the first chunk past the limit
+    assert isinstance(endless, BodyTooLarge) and "over 20000 bytes" in str(endless)
