@@ -31,6 +31,16 @@ class ConfigError(Exception):
     """A configuration that cannot be used; the message names the file, line and field."""
 
 
+class Clash(ValueError):
+    """Two settings that cannot both hold: raised at ``loc`` (a field path), naming the setting it clashes with
+    at ``other``, so the error can give both their lines."""
+
+    def __init__(self, message: str, loc: tuple[int | str, ...], other: tuple[int | str, ...]) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.other = other
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -167,16 +177,53 @@ class AgentConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _unique_names(self) -> AgentConfig:
-        names = [r.name for r in self.replicas]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"replica names must be unique: {', '.join(dupes)}")
+    def _no_clashes(self) -> AgentConfig:
+        clash = replica_clash(self)
+        if clash is not None:
+            raise clash
         return self
 
     @property
     def resolved_state_dir(self) -> Path:
         return self.state_dir if self.state_dir is not None else Path(f"./.pitstop/agent-{self.node}")
+
+
+# Hosts that listen on every interface: a port there is taken on all the others too.
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]", "*"})
+
+
+def _same_address(host_a: str, host_b: str) -> bool:
+    """Whether two listen hosts can be the same socket address (a wildcard overlaps every host)."""
+    a, b = ("127.0.0.1" if h == "localhost" else h for h in (host_a.strip().lower(), host_b.strip().lower()))
+    return a == b or a in _WILDCARDS or b in _WILDCARDS
+
+
+def replica_clash(config: AgentConfig) -> Clash | None:
+    """The first replica that cannot run beside the others: a name already used, a managed replica's host:port
+    already another's (the second engine could not bind, and its probes would reach the first), or the agent's
+    own port."""
+    seen: dict[str, int] = {}
+    for i, replica in enumerate(config.replicas):
+        if replica.name in seen:
+            first = seen[replica.name]
+            return Clash(f"replica names must be unique: replicas {first} and {i} are both named {replica.name!r}",
+                         ("replicas", i, "name"), ("replicas", first, "name"))
+        seen[replica.name] = i
+    managed = [(i, r) for i, r in enumerate(config.replicas) if r.managed]
+    for n, (i, replica) in enumerate(managed):
+        where = f"{replica.host}:{replica.port}"
+        if config.port and replica.port == config.port and _same_address(replica.host, config.host):
+            agent = "" if replica.host == config.host else f" ({config.host}:{config.port})"
+            return Clash(f"replica {replica.name!r} would listen on {where}, the agent's own port{agent}: the "
+                         f"engine could not bind it", ("replicas", i, "port"), ("port",))
+        for j, other in managed[:n]:
+            if other.port == replica.port and _same_address(replica.host, other.host):
+                both = (f"both listen on {where}" if replica.host == other.host else
+                        f"listen on one port ({other.host}:{other.port} and {where})")
+                return Clash(f"replicas {other.name!r} and {replica.name!r} would {both}: the second engine "
+                             f"could not bind it, and its probes would reach the first",
+                             ("replicas", i, "port"), ("replicas", j, "port"))
+    return None
 
 
 def _default_node() -> str:
@@ -225,14 +272,23 @@ def _line_of(text: str, loc: tuple[int | str, ...]) -> int | None:
     return line
 
 
+def _field(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
 def _format_errors(source: str, text: str, exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        loc = tuple(err["loc"])
-        field = ".".join(str(p) for p in loc) or "(top level)"
+        loc, message = tuple(err["loc"]), err["msg"]
+        clash = err.get("ctx", {}).get("error")
+        if isinstance(clash, Clash):  # found by a model check: its own field, and where the other one is
+            other = _line_of(text, clash.other) if text else None
+            loc = clash.loc
+            there = f"{source}:{other}" if other else "its default or the environment"
+            message = f"{clash} ({_field(clash.other)}: {there})"
         line = _line_of(text, loc) if text else None
         where = f"{source}:{line}" if line else source
-        lines.append(f"{where}: {field}: {err['msg']}")
+        lines.append(f"{where}: {_field(loc)}: {message}")
     return "\n".join(lines)
 
 

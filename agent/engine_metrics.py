@@ -31,7 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agent.prom_lines import PromTextError, SampleSelector
+from agent.prom_lines import PromTextError, SampleSelector, SeriesError
 from agent.quantiles import bucket_delta, quantile
 from agent.wire import EngineSample
 
@@ -99,10 +99,17 @@ def parse_metrics(text: str, at: float, model: str | None = None) -> EngineSnaps
     """Parse vLLM /metrics text into an ``EngineSnapshot``; series of other models are ignored when
     ``model`` is given (label ``model_name``); series of several engines (data parallel) are summed.
 
+    What is summed, on purpose: a name's distinct series, i.e. the ranks of a data-parallel engine (label
+    ``engine``) and, for ``requests``, the finished reasons; histogram buckets per ``le`` likewise. What is
+    never summed: one series sent twice, or a body past ``prom_lines.MAX_SAMPLES`` wanted samples (an engine
+    streaming the same lines without end read 3,679,000 requests running): both are a ``MetricsParseError``.
+
     Only the table's sample lines are parsed (``agent.prom_lines``): at a 1 s scrape of 8 engines,
     prometheus_client's full parser was the agent's largest CPU cost."""
     try:
         samples = _SELECTOR.select(text)
+    except SeriesError as exc:
+        raise MetricsParseError(f"engine /metrics refused: {exc}") from exc
     except PromTextError as exc:
         raise MetricsParseError(f"unparsable /metrics: {exc}") from exc
     if not samples:

@@ -10,6 +10,10 @@ bodies sent with Content-Length, responses with Content-Length, chunked, or read
 ``max_body_bytes`` (an engine streaming without end is an error, never buffered whole), and no
 compression (on loopback gzip only costs both sides CPU: ``Accept-Encoding: identity`` is forced). An idle
 connection the server closed meanwhile is retried once on a fresh one when nothing was received.
+
+``read_capped`` applies the same limit to a streamed response from any transport (httpx's own, for
+``https://`` or the agent's default client, would buffer an endless body whole): the scrapes and the canary's
+and drain's reads of /metrics use it.
 """
 
 from __future__ import annotations
@@ -164,6 +168,30 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
 def _close(writer: asyncio.StreamWriter) -> None:
     with contextlib.suppress(Exception):
         writer.close()
+
+
+async def read_capped(response: httpx.Response, limit: int = MAX_BODY_BYTES) -> bytes:
+    """A streamed response's body, ``BodyTooLarge`` past ``limit`` bytes, whatever transport read it (this one
+    has refused it already; httpx's own, for ``https://``, would buffer an endless body whole)."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"body of {declared} bytes is over {limit}")
+    parts: list[bytes] = []
+    total = 0
+    async for chunk in response.aiter_bytes():
+        total += len(chunk)
+        if total > limit:
+            raise BodyTooLarge(f"body over {limit} bytes")
+        parts.append(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def body_too_large(exc: BaseException) -> BodyTooLarge | None:
+    """The ``BodyTooLarge`` behind an error: itself, or the cause of the ``httpx.ReadError`` this transport raised."""
+    for err in (exc, exc.__cause__):
+        if isinstance(err, BodyTooLarge):
+            return err
+    return None
 
 
 def scrape_client() -> httpx.AsyncClient:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import httpx
 
 from agent.engine_metrics import MetricsParseError, parse_metrics
+from agent.plain_http import BodyTooLarge, read_capped
 
 
 def served_model_name(model: str, args: list[str]) -> str:
@@ -90,12 +91,14 @@ async def stream_completion(client: httpx.AsyncClient, base_url: str, model: str
 
 async def _engine_values(client: httpx.AsyncClient, metrics_url: str, model: str,
                          request_timeout: float) -> dict[str, float] | None:
-    """The engine's /metrics as the table's values (``agent.engine_metrics``); None when it cannot be read."""
+    """The engine's /metrics as the table's values (``agent.engine_metrics``); None when it cannot be read (a body
+    past the scrapes' 16 MiB included: read with the same cap, whichever client reads it)."""
     try:
-        response = await client.get(metrics_url, timeout=request_timeout)
-        response.raise_for_status()
-        return parse_metrics(response.text, 0.0, model or None).values
-    except (httpx.HTTPError, MetricsParseError):
+        async with client.stream("GET", metrics_url, timeout=request_timeout) as response:
+            response.raise_for_status()
+            body = await read_capped(response)
+        return parse_metrics(body.decode(response.encoding or "utf-8", "replace"), 0.0, model or None).values
+    except (httpx.HTTPError, MetricsParseError, BodyTooLarge):
         return None
 
 

@@ -7,10 +7,16 @@ dict lookup) and parses labels and value only for the names asked for. What it p
 (the text format's escapes, ``+Inf``/``NaN``, an optional timestamp); a wanted line it cannot read is an
 error, never a silently wrong number. ``tests/agent/test_prom_lines.py`` checks it against
 prometheus_client's parser on recorded real vLLM output.
+
+Two rules bound what a body can make of the samples read (``SeriesError``): a series is one sample per body
+(the same name and labels twice is refused, as Prometheus refuses a "duplicate sample for timestamp"), and a
+body holds at most ``max_samples`` wanted samples, counted before any is parsed. Summing the samples of one
+name is only ever summing distinct series (the engines of a data-parallel vLLM), never a line sent twice.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Collection
@@ -25,6 +31,14 @@ _SPECIAL = {"+Inf": math.inf, "Inf": math.inf, "-Inf": -math.inf, "NaN": math.na
 
 class PromTextError(ValueError):
     """A wanted sample line that is not valid Prometheus text."""
+
+
+class SeriesError(PromTextError):
+    """Wanted samples that are valid lines but no valid body: a series sent twice, or more than the bound."""
+
+
+# Far past any engine: vLLM sends 78 wanted samples per engine (a data-parallel engine of 64 ranks ~5,000).
+MAX_SAMPLES = 10_000
 
 
 def _unescape(value: str) -> str:
@@ -107,7 +121,7 @@ class SampleSelector:
     hundred bytes at most. A wanted line the strict expression does not take is parsed by ``parse_line``,
     which says what is wrong with it."""
 
-    def __init__(self, names: Collection[str], max_cached: int = 8192) -> None:
+    def __init__(self, names: Collection[str], max_cached: int = 8192, max_samples: int = MAX_SAMPLES) -> None:
         # "\n" + a literal common prefix first lets the regex engine jump from line to line by fast search;
         # a leading "^" in MULTILINE mode would try every character (4x slower on vLLM's text).
         prefix = _common_prefix(list(names))
@@ -115,12 +129,31 @@ class SampleSelector:
             re.escape(n[len(prefix):]) for n in sorted(names, key=len, reverse=True)) + ")"
         self._lines = re.compile(rf"\n({name}(?:[{{ \t][^\n]*)?)(?=\n|$)")
         self._samples = re.compile(rf"\n({name})(\{{[^\n]*\}})?[ \t]+([^ \t\r\n]+)(?:[ \t]+-?[0-9]+)?[ \t]*\r?(?=\n|$)")
-        self._labels: dict[str, dict[str, str]] = {}
+        # Parsed label blocks, with the set of their labels (what tells two series apart, in any order).
+        self._labels: dict[str, tuple[dict[str, str], frozenset[tuple[str, str]]]] = {}
         self.max_cached = max_cached
+        self.max_samples = max_samples
+        # Every wanted line starts with "\n" + the common prefix and is longer than the shortest name: a body
+        # shorter than this cannot hold more than ``max_samples`` of them.
+        self._line_start = "\n" + prefix
+        self._countless = max_samples * (min((len(n) for n in names), default=0) + 3)
 
     def select(self, text: str) -> dict[str, list[Sample]]:
-        """The samples of the wanted names in exposition ``text``; other lines are never parsed."""
+        """The samples of the wanted names in exposition ``text``; other lines are never parsed.
+
+        ``SeriesError`` for a series sent twice or more than ``max_samples`` wanted samples."""
         text = "\n" + text
+        # A body that may hold more than the bound is counted first (in C, nothing built), and past the bound
+        # read only up to the line past it: never every line of an engine that streams without end.
+        if len(text) > self._countless and text.count(self._line_start) > self.max_samples:
+            past = next(itertools.islice(self._lines.finditer(text), self.max_samples, None), None)
+            if past is not None:
+                self._read(text[:past.start()])  # a series sent twice says more than the count: said first
+                raise SeriesError(f"more than {self.max_samples} samples of the series read (an engine sends "
+                                  f"about 80)")
+        return self._read(text)
+
+    def _read(self, text: str) -> dict[str, list[Sample]]:
         found = self._samples.findall(text)
         out: dict[str, list[Sample]] = {}
         if len(found) != len(self._lines.findall(text)):
@@ -129,17 +162,38 @@ class SampleSelector:
             for match in self._lines.finditer(text):
                 name, labels, value = parse_line(match.group(1).rstrip("\r"))
                 out.setdefault(name, []).append((labels, value))
+            _no_repeats(out, {(name, frozenset(lb.items())) for name, rows in out.items() for lb, _ in rows})
             return out
         cache = self._labels
+        series: set[tuple[str, frozenset[tuple[str, str]]]] = set()
         for name, block, value in found:
             cached = cache.get(block)
             if cached is None:
-                cached = _labels(block[1:-1], name + block) if block else {}
+                labels = _labels(block[1:-1], name + block) if block else {}
+                cached = labels, frozenset(labels.items())
                 if len(cache) >= self.max_cached:
                     cache.clear()
                 cache[block] = cached
-            out.setdefault(name, []).append((cached, _value(value, name + block)))
+            series.add((name, cached[1]))
+            out.setdefault(name, []).append((cached[0], _value(value, name + block)))
+        _no_repeats(out, series)
         return out
+
+
+def _no_repeats(out: dict[str, list[Sample]], series: set[tuple[str, frozenset[tuple[str, str]]]]) -> None:
+    """``SeriesError`` when ``out`` holds fewer distinct ``series`` than samples: a series sent twice (Prometheus
+    refuses it too, "duplicate sample for timestamp"); summed, it would be a number the engine never had."""
+    if len(series) == sum(len(rows) for rows in out.values()):
+        return
+    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+    for name, rows in out.items():
+        for labels, _ in rows:
+            key = (name, frozenset(labels.items()))
+            if key in seen:
+                shown = ",".join(f'{k}="{v}"' for k, v in labels.items())
+                raise SeriesError(f"duplicate series {name}{{{shown}}}"[:300]
+                                  + ": the same name and labels twice in one body")
+            seen.add(key)
 
 
 def select_samples(text: str, names: Collection[str]) -> dict[str, list[Sample]]:

@@ -3,6 +3,11 @@
 A failed scrape (timeout, refused, garbage) becomes ``scrape_error`` in the sample and a counted error; it
 never raises into the supervisor. A slow scrape is not a dead engine (docs/design.md: one scrape took 2.8 s on a
 starved API server), so the timeout is generous and liveness is judged by the supervisor, not here.
+
+Bounded on purpose: a body past 16 MiB is refused while it is read (``agent.plain_http``), and a body that
+repeats a series or holds more wanted samples than any engine sends is refused by the parser
+(``agent.engine_metrics``): an engine that streams without end costs the agent one capped read per scrape,
+never its memory, and a wrong body is an error on that replica, never a wrong number.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from urllib.parse import urlencode
 import httpx
 
 from agent.engine_metrics import WANTED_NAMES, EngineSnapshot, MetricsParseError, engine_sample, parse_metrics
+from agent.plain_http import BodyTooLarge, body_too_large, read_capped
 from agent.wire import EngineSample
 
 # On loopback, gzip costs both sides CPU and saves nothing: ask for the text as it is.
@@ -31,6 +37,19 @@ def is_stalled(cur: EngineSnapshot, prev: EngineSnapshot | None) -> bool | None:
     if tokens is None or before is None:
         return None
     return busy > 0 and tokens == before
+
+
+def scrape_error(exc: Exception) -> str:
+    """What a failed scrape says in ``EngineSample.scrape_error``: the agent's own refusals as they are, an
+    HTTP error with its type (``ReadTimeout``, ``ConnectError`` ... say what happened)."""
+    too_large = body_too_large(exc)
+    if too_large is not None:
+        message = f"engine /metrics {too_large}"
+    elif isinstance(exc, MetricsParseError) or not str(exc):
+        message = str(exc) or type(exc).__name__
+    else:
+        message = f"{type(exc).__name__}: {exc}"
+    return message[:2000]
 
 
 class EngineScraper:
@@ -57,18 +76,21 @@ class EngineScraper:
             # The same request every time: built once (httpx's URL and header merging is a third of a GET).
             if self._request is None:
                 self._request = self.client.build_request("GET", self.url, headers=PLAIN, timeout=self.timeout)
-            response = await self.client.send(self._request)
-            response.raise_for_status()
-            if self.previous is not None and response.content == self._last_body:
+            response = await self.client.send(self._request, stream=True)
+            try:
+                response.raise_for_status()
+                body = await read_capped(response)
+            finally:
+                await response.aclose()
+            if self.previous is not None and body == self._last_body:
                 # An idle engine's series did not move: the same figures, read now (what parsing gives).
                 snap = EngineSnapshot(self.clock(), self.previous.values, self.previous.histograms)
             else:
-                snap = parse_metrics(response.text, self.clock(), self.model)
-                self._last_body = response.content
-        except (httpx.HTTPError, MetricsParseError) as exc:
+                snap = parse_metrics(body.decode(response.encoding or "utf-8", "replace"), self.clock(), self.model)
+                self._last_body = body
+        except (httpx.HTTPError, MetricsParseError, BodyTooLarge) as exc:
             self.errors_total += 1
-            message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            self.last = EngineSample(scrape_error=message[:2000])
+            self.last = EngineSample(scrape_error=scrape_error(exc))
             return self.last
         sample = engine_sample(snap, self.previous, is_stalled(snap, self.previous))
         self.previous = snap

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from agent.config import ConfigError, load_config, parse_config
+from pitstop.cli import main
+
+Checker = Callable[[Path], tuple[int, str]]
 
 
 def test_no_file_gives_loopback_defaults_and_no_replicas() -> None:
@@ -77,3 +82,61 @@ def test_unknown_field_and_missing_port_are_reported() -> None:
 def test_broken_yaml_names_the_line() -> None:
     with pytest.raises(ConfigError, match=r"a\.yaml:2"):
         parse_config("node: x\nport: 9400: 9500\n", "a.yaml", env={})
+
+
+@pytest.fixture
+def check(monkeypatch: pytest.MonkeyPatch,
+          capsys: pytest.CaptureFixture[str]) -> Callable[[Path], tuple[int, str]]:
+    """``pitstop agent --config PATH --check``: its exit code and what it printed to stderr."""
+    for key in [k for k in os.environ if k.startswith("PITSTOP_AGENT_")]:
+        monkeypatch.delenv(key)
+
+    def run(path: Path) -> tuple[int, str]:
+        code = main(["agent", "--config", str(path), "--check"])
+        return code, capsys.readouterr().err
+    return run
+
+
+REPLICAS = "node: n1\nreplicas:\n  - name: a\n    model: m\n    port: 8001\n  - name: b\n    model: m\n"
+
+
+@pytest.mark.parametrize("second", ["    port: 8001\n", "    host: 0.0.0.0\n    port: 8001\n"])
+def test_check_refuses_two_replicas_on_one_port(tmp_path: Path, check: Checker, second: str) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(REPLICAS + second)
+    code, err = check(path)
+    assert code == 2
+    line = len((REPLICAS + second).splitlines())
+    assert f"{path}:{line}: replicas.1.port: replicas 'a' and 'b' would" in err
+    assert "the second engine could not bind it, and its probes would reach the first" in err
+    assert f"(replicas.0.port: {path}:5)" in err
+
+
+def test_check_refuses_a_replica_on_the_agents_port(tmp_path: Path, check: Checker) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("node: n1\nport: 9500\nreplicas:\n  - name: a\n    model: m\n    port: 9500\n")
+    code, err = check(path)
+    assert code == 2
+    assert (f"{path}:6: replicas.0.port: replica 'a' would listen on 127.0.0.1:9500, the agent's own port: the "
+            f"engine could not bind it (port: {path}:2)") in err
+    path.write_text("node: n1\nreplicas:\n  - name: a\n    model: m\n    port: 9400\n")  # the default port
+    code, err = check(path)
+    assert code == 2 and "the agent's own port" in err and "(port: its default or the environment)" in err
+
+
+def test_check_refuses_a_replica_name_used_twice(tmp_path: Path, check: Checker) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(REPLICAS.replace("name: b", "name: a") + "    port: 8002\n")
+    code, err = check(path)
+    assert code == 2
+    assert (f"{path}:6: replicas.1.name: replica names must be unique: replicas 0 and 1 are both named 'a' "
+            f"(replicas.0.name: {path}:3)") in err
+
+
+def test_check_accepts_distinct_addresses_and_attached_engines(tmp_path: Path, check: Checker) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(REPLICAS + "    host: 10.0.0.7\n    port: 8001\n"  # another interface: its own port 8001
+                    "  - name: c\n    url: http://127.0.0.1:8001\n"  # attached: not ours to bind
+                    "  - name: d\n    model: m\n    port: 8003\n")
+    code, err = check(path)
+    assert code == 0, err

@@ -99,3 +99,40 @@ def test_window_quantiles_ignore_lifetime_history() -> None:
 def test_garbage_is_a_parse_error(text: str) -> None:
     with pytest.raises(MetricsParseError):
         parse_metrics(text, 0.0)
+
+
+def rank(text: str, engine: int) -> str:
+    """A body as rank ``engine`` of a data-parallel vLLM sends its series (label ``engine``)."""
+    return text.replace('engine="0"', f'engine="{engine}"')
+
+
+def test_the_ranks_of_a_data_parallel_engine_are_summed() -> None:
+    text = render(running=3, waiting=1, kv=0.5, generation_tokens=10, ttft=[0.05]) + rank(
+        render(running=2, kv=0.7, generation_tokens=20, ttft=[0.05, 0.3]), 1)
+    snap = parse_metrics(text, 0.0, model="m")
+    assert (snap.values["running"], snap.values["waiting"], snap.values["generation_tokens"]) == (5, 1, 30)
+    assert snap.values["kv_usage"] == 0.7  # the fullest rank's cache, not a sum
+    assert snap.histograms["ttft"][float("inf")] == 3
+
+
+def test_a_series_sent_twice_is_an_error_never_a_sum() -> None:
+    line = 'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+    for text in (render(running=3) + line,  # once more
+                 render(running=3) + line * 100_000,  # an engine repeating itself without end
+                 render() + 'vllm:num_requests_running{model_name="m",engine="0"} 3.0\n'):  # labels reordered
+        with pytest.raises(MetricsParseError) as err:
+            parse_metrics(text, 0.0, model="m")
+        assert str(err.value).startswith("engine /metrics refused: duplicate series vllm:num_requests_running{")
+        assert "the same name and labels twice in one body" in str(err.value)
+
+
+def running_ranks(count: int) -> str:
+    return "".join(f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 1\n' for i in range(count))
+
+
+def test_more_wanted_samples_than_any_engine_sends_is_an_error() -> None:
+    with pytest.raises(MetricsParseError, match="more than 10000 samples of the series read"):
+        parse_metrics(running_ranks(10_001), 0.0, model="m")
+    # Up to the bound, distinct series are an engine's ranks, summed; unwanted lines do not count.
+    noise = "".join(f'vllm:other_gauge{{i="{i}"}} 1\n' for i in range(20_000))
+    assert parse_metrics(noise + running_ranks(10_000), 0.0, "m").values["running"] == 10_000

@@ -38,6 +38,7 @@ def make_app() -> FastAPI:
             line = "vllm:num_requests_running 3\n" * 4000
             while True:  # an engine that never stops sending (chunked, no length)
                 yield line
+                await asyncio.sleep(0)  # let the server see the client hang up
         return StreamingResponse(parts(), media_type="text/plain")  # type: ignore[arg-type]
 
     @app.post("/echo")

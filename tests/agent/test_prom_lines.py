@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.engine_metrics import WANTED_NAMES, engine_sample, parse_metrics
-from agent.prom_lines import PromTextError, SampleSelector, parse_line, select_samples
+from agent.prom_lines import PromTextError, SampleSelector, SeriesError, parse_line, select_samples
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0-cpu"
 RECORDED = [REAL / "metrics-warm.txt", REAL / "metrics-cold.txt",
@@ -83,3 +83,23 @@ def test_cached_label_blocks_give_the_same_samples_with_new_values() -> None:
 def test_a_float_timestamp_takes_the_exact_path_and_keeps_every_sample() -> None:
     text = 'vllm:a{x="1"} 3 1.7e12\nvllm:a{x="2"} 4\n'
     assert select_samples(text, {"vllm:a"}) == {"vllm:a": [({"x": "1"}, 3.0), ({"x": "2"}, 4.0)]}
+
+
+@pytest.mark.parametrize("timestamp", ["", " 1.7e12"], ids=["fast", "exact"])  # a float timestamp: the exact path
+def test_a_series_sent_twice_is_refused_on_either_path(timestamp: str) -> None:
+    again = f'vllm:a{{x="1",y="2"}} 1{timestamp}\nvllm:a{{y="2",x="1"}} 2{timestamp}\n'  # labels in another order
+    with pytest.raises(SeriesError, match=r'^duplicate series vllm:a\{y="2",x="1"\}: the same name and labels'):
+        select_samples(again, {"vllm:a"})
+    other_name = f'vllm:a{{x="1"}} 1{timestamp}\nvllm:b{{x="1"}} 2{timestamp}\nvllm:a 3\n'
+    assert select_samples(other_name, {"vllm:a", "vllm:b"}) == {
+        "vllm:a": [({"x": "1"}, 1.0), ({}, 3.0)], "vllm:b": [({"x": "1"}, 2.0)]}
+
+
+def test_wanted_samples_past_the_bound_are_refused_without_reading_the_rest() -> None:
+    selector = SampleSelector({"vllm:a"}, max_samples=5)
+    lines = [f'vllm:a{{i="{i}"}} 1\n' for i in range(6)]
+    assert len(selector.select("vllm:other 1\n" * 50 + "".join(lines[:5]))["vllm:a"]) == 5  # only wanted lines count
+    with pytest.raises(SeriesError, match="more than 5 samples"):
+        selector.select("".join(lines) + "vllm:a{broken 1\n" * 1000)  # past the bound: never parsed
+    with pytest.raises(SeriesError, match="duplicate series"):  # a repeat among the first five is named instead
+        selector.select("".join(lines[:2]) + lines[0] * 1000)

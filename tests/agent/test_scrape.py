@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import tracemalloc
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
+from agent.config import AgentConfig, ReplicaConfig
+from agent.gpu.sim import SimGpuBackend
+from agent.node import Agent
+from agent.plain_http import scrape_client
 from agent.scrape import EngineScraper
 from agent.wire import EngineSample
+from tests.agent.conftest import ControlPlaneStandIn
 from tests.agent.vllm_text import render
+from tests.helpers import free_port, wait_until
 
 
 class Clock:
@@ -80,3 +93,116 @@ def test_an_unchanged_body_reads_as_the_same_figures_and_only_wanted_series_are_
     assert second.stalled is True  # work running and nothing moved: the same verdict parsing would give
     asked = seen[0].url.params.get_list("name[]")
     assert "vllm:num_requests_running" in asked and "vllm:time_to_first_token_seconds_bucket" in asked
+
+
+def test_a_repeated_series_is_a_scrape_error_never_a_sum() -> None:
+    clock = Clock()
+    repeated = 'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n' * 100_000
+    scraper = scraper_for([render(running=3, generation_tokens=5) + repeated, render(running=3)], clock)
+    first = run(scraper, clock)
+    assert first.requests_running is None
+    assert first.scrape_error == ('engine /metrics refused: duplicate series vllm:num_requests_running{engine="0",'
+                                  'model_name="m"}: the same name and labels twice in one body')
+    assert run(scraper, clock).requests_running == 3  # the next honest body reads as it is
+    assert scraper.errors_total == 1
+
+
+# ---- against a real HTTP server --------------------------------------------------------------------------------
+
+HONEST = render(running=2, generation_tokens=40)
+
+
+def make_engines() -> FastAPI:
+    """Two engines on one server: /good/* answers honestly, /endless/* streams /metrics without end."""
+    app = FastAPI()
+
+    @app.get("/{engine}/health")
+    async def health(engine: str) -> PlainTextResponse:
+        return PlainTextResponse("")
+
+    @app.get("/good/metrics")
+    async def good() -> PlainTextResponse:
+        return PlainTextResponse(HONEST)
+
+    @app.get("/endless/metrics")
+    async def endless() -> StreamingResponse:
+        async def parts() -> AsyncIterator[str]:
+            line = 'vllm:num_requests_running{engine="0",model_name="m"} 3\n' * 4000
+            while True:  # chunked, no length, no end
+                yield line
+                await asyncio.sleep(0)  # a disconnected client ends it (uvicorn's send no longer waits then)
+        return StreamingResponse(parts(), media_type="text/plain")
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[str]:
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(make_engines(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    wait_until(lambda: srv.started, 10, what="engines")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+
+
+TOO_LARGE = "engine /metrics body over 16777216 bytes"
+
+
+@pytest.mark.parametrize("transport", ["plain", "httpx"])  # the agent's loopback transport; httpx's (https)
+def test_an_endless_body_is_a_scrape_error_and_the_other_engine_reads_on(engines: str, transport: str) -> None:
+    async def scenario() -> tuple[list[EngineSample], list[EngineSample], int]:
+        client = scrape_client() if transport == "plain" else httpx.AsyncClient()
+        async with client:
+            endless = EngineScraper(client, f"{engines}/endless", "m", lambda: 0.0)
+            good = EngineScraper(client, f"{engines}/good", "m", lambda: 0.0)
+            bad, fine = [], []
+            for _ in range(2):
+                got = await asyncio.gather(endless.scrape(), good.scrape())
+                bad.append(got[0])
+                fine.append(got[1])
+        return bad, fine, endless.errors_total
+
+    bad, fine, errors = asyncio.run(scenario())
+    assert [s.scrape_error for s in bad] == [TOO_LARGE, TOO_LARGE] and errors == 2
+    assert all(s.requests_running is None for s in bad)
+    assert [(s.scrape_error, s.requests_running) for s in fine] == [(None, 2), (None, 2)]
+
+
+def test_an_agent_with_an_endless_engine_keeps_reporting(engines: str, tmp_path: Path,
+                                                         control_plane: tuple[ControlPlaneStandIn, str]) -> None:
+    stand_in, url = control_plane
+    config = AgentConfig(
+        node="test-node", port=free_port(), control_plane=url, gpu_backend="sim", sim_gpu_dir=tmp_path / "gpu",
+        state_dir=tmp_path / "state", scrape_interval=0.3, report_interval=0.3,
+        replicas=[ReplicaConfig(name="endless", url=f"{engines}/endless", model="m"),
+                  ReplicaConfig(name="good", url=f"{engines}/good", model="m")])
+
+    async def scenario() -> int:
+        stop = asyncio.Event()
+        async with httpx.AsyncClient() as client, scrape_client() as scraper, scrape_client() as reports:
+            agent = Agent(config, client, SimGpuBackend(config.sim_gpu_dir, 1), scrape_client=scraper,
+                          report_client=reports)
+            task = asyncio.create_task(agent.run(stop))
+            await asyncio.sleep(4)
+            stop.set()
+            await task
+            return agent.scrapers["endless"].errors_total
+
+    tracemalloc.start()
+    try:
+        errors = asyncio.run(scenario())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(stand_in.reports) >= 8, "reports stalled"  # one every 0.3 s over 4 s, scrapes and canaries beside
+    last = {r.name: r for r in stand_in.reports[-1].replicas}
+    assert last["endless"].engine is not None and last["endless"].engine.scrape_error == TOO_LARGE
+    assert last["good"].engine is not None and last["good"].engine.requests_running == 2
+    assert last["good"].engine.scrape_error is None
+    assert errors >= 5
+    assert peak < 96 * 2**20, f"the agent held {peak / 2**20:.0f} MiB"  # a few capped reads at once (~26), no more
