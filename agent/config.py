@@ -11,13 +11,13 @@ import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent.tls import normalise_pin
-from agent.wire import NAME_PATTERN
+from agent.wire import MAX_GPU_INDEX, NAME_PATTERN
 
 ENV_PREFIX = "PITSTOP_AGENT_"
 
@@ -74,7 +74,8 @@ class ReplicaConfig(_Strict):
     url: str | None = None
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535)
-    gpus: list[int] = Field(default_factory=lambda: [0])
+    # GPU indices as NVML numbers them (the wire's bound: a report naming another index would be refused).
+    gpus: list[Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]] = Field(default_factory=lambda: [0], max_length=64)
     engine: Literal["sim", "vllm"] = "sim"
     command: list[str] | None = None
     args: list[str] = Field(default_factory=list)

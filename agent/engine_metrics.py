@@ -33,7 +33,7 @@ from typing import Literal
 
 from agent.prom_lines import PromTextError, SampleSelector, SeriesError
 from agent.quantiles import bucket_delta, quantile
-from agent.wire import EngineSample
+from agent.wire import EngineSample, bounded
 
 Kind = Literal["gauge", "gauge-max", "counter", "histogram"]
 
@@ -170,6 +170,9 @@ def _window_quantiles(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None
     return [quantile(q, window) for q in qs]
 
 
+_RATIOS = frozenset({"kv_cache_usage_ratio", "prefix_cache_hit_ratio"})
+
+
 def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None, stalled: bool | None = None) -> EngineSample:
     """Gauges from ``cur``; rates and window quantiles from ``cur - prev`` (``None`` without ``prev``)."""
     v = cur.values
@@ -182,20 +185,23 @@ def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None, stalled: boo
         hits = _rate("prefix_hits", cur, prev)
         if queries and hits is not None:
             hit_ratio = min(1.0, hits / queries)
-    return EngineSample(
-        requests_running=v.get("running"),
-        requests_waiting=v.get("waiting"),
-        kv_cache_usage_ratio=v.get("kv_usage"),
-        preemptions_total=v.get("preemptions"),
-        generation_tokens_total=v.get("generation_tokens"),
-        prompt_tokens_per_second=_rate("prompt_tokens", cur, prev),
-        generation_tokens_per_second=_rate("generation_tokens", cur, prev),
-        requests_per_second=_rate("requests", cur, prev),
-        errors_per_second=_rate("errors", cur, prev),
-        preemptions_per_second=_rate("preemptions", cur, prev),
-        ttft_p50_seconds=ttft[0], ttft_p95_seconds=ttft[1], ttft_p99_seconds=ttft[2],
-        itl_p50_seconds=itl[0], itl_p95_seconds=itl[1], itl_p99_seconds=itl[2],
-        e2e_p99_seconds=e2e99,
-        prefix_cache_hit_ratio=hit_ratio,
-        stalled=stalled,
-    )
+    readings: dict[str, float | None] = {
+        "requests_running": v.get("running"),
+        "requests_waiting": v.get("waiting"),
+        "kv_cache_usage_ratio": v.get("kv_usage"),
+        "preemptions_total": v.get("preemptions"),
+        "generation_tokens_total": v.get("generation_tokens"),
+        "prompt_tokens_per_second": _rate("prompt_tokens", cur, prev),
+        "generation_tokens_per_second": _rate("generation_tokens", cur, prev),
+        "requests_per_second": _rate("requests", cur, prev),
+        "errors_per_second": _rate("errors", cur, prev),
+        "preemptions_per_second": _rate("preemptions", cur, prev),
+        "ttft_p50_seconds": ttft[0], "ttft_p95_seconds": ttft[1], "ttft_p99_seconds": ttft[2],
+        "itl_p50_seconds": itl[0], "itl_p95_seconds": itl[1], "itl_p99_seconds": itl[2],
+        "e2e_p99_seconds": e2e99,
+        "prefix_cache_hit_ratio": hit_ratio,
+    }
+    # An engine's NaN, +Inf or negative number (or a window over one) is no reading: it goes as None, never as a
+    # value the control plane refuses with the whole report.
+    return EngineSample(stalled=stalled, **{
+        name: bounded(value, 0.0, 1.0 if name in _RATIOS else math.inf) for name, value in readings.items()})

@@ -302,6 +302,7 @@ class Agent:
             desired = await self.reporter.send(report)
         except ReportError as exc:
             self._requeue(report, refused=exc.refused_content)
+            self.sequence = exc.sequence_past(self.sequence)  # a 409: the next report numbered past the control plane's
             raise
         if desired != self._saved_desired:  # the same answer every second: write it once
             self.desired_store.save(desired)
@@ -311,19 +312,21 @@ class Agent:
 
     async def _report_loop(self, stop: asyncio.Event) -> None:
         failures = 0
+        failing = None
         interval = self.config.report_interval
         while self.reporter is not None and not stop.is_set():
             try:
                 desired = await self.report_once()
             except ReportError as exc:
-                if failures == 0:  # once per outage, not once per attempt
-                    log.warning("control plane unreachable (%s); supervising on the last desired state", exc)
+                if failures == 0 or exc.kind != failing:  # once per outage (and per cause), not once per attempt
+                    log.warning("%s; supervising on the last desired state", exc.summary)
+                    failing = exc.kind
                 failures += 1
                 await _wait(stop, next_attempt_in(failures, interval, exc.retry_after, self._rng))
                 continue
             if failures:
                 log.info("control plane reachable again after %d failed reports", failures)
-            failures = 0
+            failures, failing = 0, None
             interval = desired.report_interval_seconds or self.config.report_interval
             await _wait(stop, interval)
 

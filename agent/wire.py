@@ -8,11 +8,22 @@ speak with a 4xx that names the supported ones.
 
 from __future__ import annotations
 
-from datetime import datetime
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, TypedDict, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 PROTOCOL_VERSION = 1
 
@@ -20,6 +31,50 @@ PROTOCOL_VERSION = 1
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 # XID codes one GPU sample carries at most (``GpuSample.xids``; ``agent.gpu.xid.merge_xids`` keeps to it).
 MAX_XIDS = 32
+
+# The bounds of what a report may say, shared by both sides: the control plane refuses a report past any of them
+# (422, naming the field), and the agent sends None for a reading it cannot trust (``bounded``). Integers fit the
+# columns they are stored in (INTEGER, BIGINT) and the JSON the store keeps; floats are finite everywhere.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+MAX_GPU_INDEX = 1023
+# Physical ranges: no GPU runs outside them, so a reading outside is a broken sensor or a broken sender.
+MIN_TEMPERATURE_CELSIUS = -50.0
+MAX_TEMPERATURE_CELSIUS = 200.0
+MAX_POWER_WATTS = 10_000.0
+# How far the agent's clock may be from the control plane's: ``sent_at`` must be within it, and no timestamp in a
+# report may be later than the control plane's clock plus it (``clock_problems``). The control plane's
+# ``max_clock_skew_seconds`` defaults to it.
+DEFAULT_MAX_CLOCK_SKEW_SECONDS = 300.0
+# No clock reading is older (year 1 with a +14:00 offset does not even convert to UTC).
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _not_before_epoch(value: datetime) -> datetime:
+    if value < EARLIEST:
+        raise ValueError(f"must not be before {EARLIEST.isoformat()}")
+    return value
+
+
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]  # a count or a size: stored as a 64-bit integer, or in JSON
+Counter32 = Annotated[int, Field(ge=0, le=INT32_MAX)]  # stored in an INTEGER column
+GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]
+NonNegative = Annotated[float, Field(ge=0)]  # gauges, rates, totals, seconds
+Ratio = Annotated[float, Field(ge=0, le=1)]
+Celsius = Annotated[float, Field(ge=MIN_TEMPERATURE_CELSIUS, le=MAX_TEMPERATURE_CELSIUS)]
+Watts = Annotated[float, Field(ge=0, le=MAX_POWER_WATTS)]
+# A moment with its offset (a naive time is ambiguous: refused, never guessed at), not before the epoch.
+Moment = Annotated[AwareDatetime, AfterValidator(_not_before_epoch)]
+
+N = TypeVar("N", int, float)
+
+
+def bounded(value: N | None, low: float, high: float) -> N | None:
+    """``value`` when the wire accepts it (finite, within ``low``..``high``), else None: a reading no instrument can
+    give (NaN, infinite, a GPU at 10^6 °C) is unknown, and sending it would get the whole report refused."""
+    if value is None or not math.isfinite(value) or not low <= value <= high:
+        return None
+    return value
 
 
 class ReplicaState(StrEnum):
@@ -42,7 +97,8 @@ class ReplicaState(StrEnum):
 
 
 class _Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Floats are finite: JSON has no NaN or infinity (PostgreSQL's json refuses them), and 1e309 reads as infinity.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class _Grown(_Wire):
@@ -69,21 +125,21 @@ class _Grown(_Wire):
 class GpuSample(_Grown):
     """One GPU's readings at one instant. ``None`` means the backend could not read that field."""
 
-    index: int = Field(ge=0, le=1023)
+    index: GpuIndex
     uuid: str = Field(max_length=128)
     name: str = Field(max_length=128)
-    temperature_celsius: float | None = None
-    slowdown_temperature_celsius: float | None = None
-    shutdown_temperature_celsius: float | None = None
-    memory_used_bytes: int | None = Field(default=None, ge=0)
-    memory_total_bytes: int | None = Field(default=None, ge=0)
-    utilization_ratio: float | None = Field(default=None, ge=0, le=1)
-    power_watts: float | None = Field(default=None, ge=0)
-    power_limit_watts: float | None = Field(default=None, ge=0)
+    temperature_celsius: Celsius | None = None
+    slowdown_temperature_celsius: Celsius | None = None
+    shutdown_temperature_celsius: Celsius | None = None
+    memory_used_bytes: Count | None = None
+    memory_total_bytes: Count | None = None
+    utilization_ratio: Ratio | None = None
+    power_watts: Watts | None = None
+    power_limit_watts: Watts | None = None
     throttle_reasons: list[str] = Field(default_factory=list, max_length=64)
-    ecc_uncorrected_total: int | None = Field(default=None, ge=0)
-    xid_events_total: int = Field(default=0, ge=0)
-    last_xid: int | None = None
+    ecc_uncorrected_total: Count | None = None
+    xid_events_total: Count = 0
+    last_xid: Count | None = None
     # The control plane has fenced this GPU: the agent keeps the replicas that use it drained and stopped.
     cordoned: bool = False
     # Every XID code logged since the previous sample, oldest first: from a backend, since its previous read; in
@@ -91,7 +147,7 @@ class GpuSample(_Grown):
     # ``MAX_XIDS``: past it repeats go first, so each distinct code survives; ``xid_events_total`` still
     # counts every event. Added after protocol 1: an older control plane refuses a report carrying XIDs (422),
     # and the agent then drops them rather than stop reporting.
-    xids: list[int] = Field(default_factory=list, max_length=MAX_XIDS)
+    xids: list[Count] = Field(default_factory=list, max_length=MAX_XIDS)
 
     _added_fields = ("cordoned", "xids")
 
@@ -99,28 +155,29 @@ class GpuSample(_Grown):
 class EngineSample(_Grown):
     """What the agent read from one engine's /metrics over the last interval (rates and window quantiles)."""
 
-    requests_running: float | None = None
-    requests_waiting: float | None = None
-    kv_cache_usage_ratio: float | None = None
-    preemptions_total: float | None = None
-    prompt_tokens_per_second: float | None = None
-    generation_tokens_per_second: float | None = None
-    generation_tokens_total: float | None = None
-    requests_per_second: float | None = None
-    errors_per_second: float | None = None
-    ttft_p50_seconds: float | None = None
-    ttft_p95_seconds: float | None = None
-    ttft_p99_seconds: float | None = None
-    itl_p50_seconds: float | None = None
-    itl_p95_seconds: float | None = None
-    itl_p99_seconds: float | None = None
-    e2e_p99_seconds: float | None = None
-    prefix_cache_hit_ratio: float | None = Field(default=None, ge=0, le=1)
+    # Every reading is a count, a rate, a share or a duration: never negative (``bounded`` on the agent's side).
+    requests_running: NonNegative | None = None
+    requests_waiting: NonNegative | None = None
+    kv_cache_usage_ratio: Ratio | None = None
+    preemptions_total: NonNegative | None = None
+    prompt_tokens_per_second: NonNegative | None = None
+    generation_tokens_per_second: NonNegative | None = None
+    generation_tokens_total: NonNegative | None = None
+    requests_per_second: NonNegative | None = None
+    errors_per_second: NonNegative | None = None
+    ttft_p50_seconds: NonNegative | None = None
+    ttft_p95_seconds: NonNegative | None = None
+    ttft_p99_seconds: NonNegative | None = None
+    itl_p50_seconds: NonNegative | None = None
+    itl_p95_seconds: NonNegative | None = None
+    itl_p99_seconds: NonNegative | None = None
+    e2e_p99_seconds: NonNegative | None = None
+    prefix_cache_hit_ratio: Ratio | None = None
     # Requests running or waiting while no generation token moved over the window (a wedged EngineCore).
     stalled: bool | None = None
     scrape_error: str | None = Field(default=None, max_length=2000)
     # Sequences preempted per second over the interval (KV cache full: their work is recomputed later).
-    preemptions_per_second: float | None = Field(default=None, ge=0)
+    preemptions_per_second: NonNegative | None = None
 
     _added_fields = ("preemptions_per_second",)
 
@@ -136,13 +193,13 @@ class EngineSample(_Grown):
 class ProcessSample(_Wire):
     """Process-tree figures for one replica (API server plus EngineCore and worker children)."""
 
-    pid: int | None = None
-    rss_bytes: int | None = Field(default=None, ge=0)
-    cpu_percent: float | None = Field(default=None, ge=0)
-    num_threads: int | None = Field(default=None, ge=0)
-    num_fds: int | None = Field(default=None, ge=0)
-    num_processes: int | None = Field(default=None, ge=0)
-    gpu_memory_bytes: int | None = Field(default=None, ge=0)
+    pid: Counter32 | None = None
+    rss_bytes: Count | None = None
+    cpu_percent: NonNegative | None = None
+    num_threads: Count | None = None
+    num_fds: Count | None = None
+    num_processes: Count | None = None
+    gpu_memory_bytes: Count | None = None
 
 
 class ReplicaStatus(_Grown):
@@ -152,20 +209,21 @@ class ReplicaStatus(_Grown):
     state: ReplicaState
     ready: bool
     managed: bool = True
-    gpus: list[int] = Field(default_factory=list, max_length=64)
-    generation: int = Field(default=0, ge=0)
+    # Indices of GPUs of the same report, when it lists GPUs (``gpu_problems``).
+    gpus: list[GpuIndex] = Field(default_factory=list, max_length=64)
+    generation: Counter32 = 0
     engine_args: list[str] = Field(default_factory=list, max_length=256)
-    restarts_total: int = Field(default=0, ge=0)
-    state_since: datetime
-    last_exit_code: int | None = None
+    restarts_total: Counter32 = 0
+    state_since: Moment
+    last_exit_code: int | None = Field(default=None, ge=-INT32_MAX - 1, le=INT32_MAX)
     log_tail: list[str] = Field(default_factory=list, max_length=200)
     engine: EngineSample | None = None
     process: ProcessSample | None = None
-    canary_ttft_seconds: float | None = None
+    canary_ttft_seconds: NonNegative | None = None
     canary_ok: bool | None = None
     # While WEDGED: the requests it held when the agent took it out of rotation (client connections open to it,
     # or what its gauges said while it still made progress). They are lost with it; the restart's evidence.
-    requests_in_flight_at_wedge: int | None = Field(default=None, ge=0)
+    requests_in_flight_at_wedge: Count | None = None
 
     _added_fields = ("requests_in_flight_at_wedge",)
 
@@ -174,7 +232,7 @@ class ReplicaEvent(_Wire):
     """One state transition, or another notable thing that happened to a replica."""
 
     replica: str = Field(pattern=NAME_PATTERN)
-    at: datetime
+    at: Moment
     kind: str = Field(max_length=64)  # "transition", "crash", "orphan", ...
     from_state: ReplicaState | None = None
     to_state: ReplicaState | None = None
@@ -182,16 +240,18 @@ class ReplicaEvent(_Wire):
 
 
 class NodeReport(_Wire):
-    protocol_version: int = Field(ge=1)
+    # Strict: a version is an integer, never "1" or true.
+    protocol_version: int = Field(ge=1, le=INT32_MAX, strict=True)
     node: str = Field(pattern=NAME_PATTERN)
     hostname: str = Field(max_length=256)
     agent_version: str = Field(max_length=64)
     agent_url: str | None = Field(default=None, max_length=512)
     # The host's memory: what a leaking engine's RSS runs out of (the leak detector projects against it).
-    memory_total_bytes: int | None = Field(default=None, ge=0)
-    sent_at: datetime
+    memory_total_bytes: Count | None = None
+    # The agent's clock; within the control plane's ``max_clock_skew_seconds`` of its own (``clock_problems``).
+    sent_at: Moment
     # Increases by one per report; lets the control plane drop duplicates and out-of-order retries.
-    sequence: int = Field(ge=0, le=2**63 - 1)  # stored as a 64-bit integer
+    sequence: int = Field(ge=0, le=INT64_MAX)  # stored as a 64-bit integer
     gpus: list[GpuSample] = Field(default_factory=list, max_length=64)
     replicas: list[ReplicaStatus] = Field(default_factory=list, max_length=64)
     events: list[ReplicaEvent] = Field(default_factory=list, max_length=1000)
@@ -225,3 +285,96 @@ class DesiredState(_Grown):
     report_interval_seconds: float | None = None
 
     _added_fields = ("cordoned_gpus",)
+
+
+class WireProblem(TypedDict):
+    """One reason a report is refused, in the shape of pydantic's errors: a 422's ``detail`` lists them."""
+
+    type: str
+    loc: list[str | int]
+    msg: str
+    ctx: dict[str, Any]
+
+
+def gpu_problems(report: NodeReport) -> list[WireProblem]:
+    """Replicas on GPUs the report does not list. A report that lists no GPUs (no GPU backend) is not checked."""
+    listed = sorted({g.index for g in report.gpus})
+    if not listed:
+        return []
+    problems: list[WireProblem] = []
+    for i, replica in enumerate(report.replicas):
+        unknown = sorted(set(replica.gpus) - set(listed))
+        if unknown:
+            problems.append(WireProblem(
+                type="unknown_gpu", loc=["replicas", i, "gpus"],
+                msg=f"replica {replica.name!r} is on GPU {', '.join(map(str, unknown))}, not among the GPUs of this "
+                    f"report ({', '.join(map(str, listed))})",
+                ctx={"unknown": unknown, "listed": listed}))
+    return problems
+
+
+def clock_problems(report: NodeReport, now: datetime, max_skew: timedelta) -> list[WireProblem]:
+    """Timestamps a control plane whose clock reads ``now`` refuses: ``sent_at`` more than ``max_skew`` from it
+    either way, and a replica's ``state_since`` or an event's ``at`` later than ``now + max_skew`` (earlier ones
+    are history: events wait in the agent while the control plane is away).
+
+    A clock far ahead would otherwise be remembered: a sequence reset is told by a later ``sent_at``
+    (``controlplane.fleet.sequencing``), and samples are filed under ``sent_at``."""
+    limit = max_skew.total_seconds()
+    advice = (f"at most {limit:g} s of clock skew is accepted (max_clock_skew_seconds); check the clocks (NTP) of "
+              "the agent's host and of the control plane")
+
+    def problem(loc: list[str | int], skew: float) -> WireProblem:
+        side = "ahead of" if skew > 0 else "behind"
+        return WireProblem(type="clock_skew", loc=loc,
+                           msg=f"{loc[-1]} is {abs(skew):.0f} s {side} the control plane's clock; {advice}",
+                           ctx={"skew_seconds": round(skew, 3), "max_clock_skew_seconds": limit})
+
+    problems: list[WireProblem] = []
+    skew = (report.sent_at - now).total_seconds()
+    if abs(skew) > limit:
+        problems.append(problem(["sent_at"], skew))
+    for i, replica in enumerate(report.replicas):
+        ahead = (replica.state_since - now).total_seconds()
+        if ahead > limit:
+            problems.append(problem(["replicas", i, "state_since"], ahead))
+    for i, event in enumerate(report.events):
+        ahead = (event.at - now).total_seconds()
+        if ahead > limit:
+            problems.append(problem(["events", i, "at"], ahead))
+    return problems
+
+
+class OutOfOrder(BaseModel):
+    """The ``detail`` of the control plane's 409 to a report it dropped as out of order: a sequence at or below
+    the one it holds, sent no later. An agent that restarted while its clock was behind its previous run's, a
+    late retry, or two agents reporting as one node. The agent carries on from ``last_sequence + 1``."""
+
+    # Read by agents, so lenient: a newer control plane may say more.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    reason: Literal["out_of_order"] = "out_of_order"
+    message: str
+    sequence: int
+    sent_at: datetime
+    last_sequence: int = Field(ge=0, le=INT64_MAX)
+    last_sent_at: datetime
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def salvage(model: type[M], data: Mapping[str, Any]) -> M:
+    """``data`` as a ``model``, each field that fails validation left at its default: a stored reading from before
+    the wire bounded it reads as unknown rather than failing the read. ``ValidationError`` when a required field
+    fails."""
+    values = dict(data)
+    while True:
+        try:
+            return model.model_validate(values)
+        except ValidationError as exc:
+            bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+            if not bad or not bad <= values.keys():
+                raise
+            for name in bad:
+                del values[name]

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from agent.wire import DEFAULT_MAX_CLOCK_SKEW_SECONDS
 from controlplane.notify.config import NotifierConfig, external_url_problem
 from controlplane.notify.validation import ExternalUrl
 from controlplane.policy.loader import locate
@@ -96,6 +97,10 @@ class ServerConfig(BaseModel):
     sample_full_resolution_seconds: float = Field(default=3600.0, gt=0)
     sample_retention_seconds: float = Field(default=7 * 86400.0, gt=0)
     retention_interval_seconds: float = Field(default=300.0, gt=0)
+    # A report whose ``sent_at`` is further than this from the control plane's clock, or that holds a timestamp
+    # later than the control plane's clock plus this, is refused (422): a clock far ahead would be remembered as
+    # the node's last ``sent_at`` and hide its next agent restart, and its samples would be filed in the future.
+    max_clock_skew_seconds: float = Field(default=DEFAULT_MAX_CLOCK_SKEW_SECONDS, gt=0)
     # Reports larger than this are refused with 413 before they are parsed.
     max_report_bytes: int = Field(default=1024 * 1024, gt=0)
     # Reports waiting for the database, at most (ten seconds of a 1,000-node fleet): past it a report gets a

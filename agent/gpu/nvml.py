@@ -15,7 +15,14 @@ from typing import Any, TypeVar
 from agent.gpu.base import GpuBackendError, GpuReading
 from agent.gpu.throttle import CLOCK_EVENT_REASONS, decode_reasons
 from agent.gpu.xid import merge_xids
-from agent.wire import GpuSample
+from agent.wire import (
+    INT64_MAX,
+    MAX_POWER_WATTS,
+    MAX_TEMPERATURE_CELSIUS,
+    MIN_TEMPERATURE_CELSIUS,
+    GpuSample,
+    bounded,
+)
 
 T = TypeVar("T")
 
@@ -68,8 +75,10 @@ class NvmlGpuBackend:
             found = self._try(partial(nvml.nvmlDeviceGetIndex, data.device))
             index = int(found) if found is not None else index_of.get(id(data.device), 0)
             self.xids[index] = self.xids.get(index, 0) + 1
-            self.last_xid[index] = int(data.eventData)
-            self.new_xids[index] = merge_xids(self.new_xids.get(index, ()), [int(data.eventData)])
+            code = _count(int(data.eventData))
+            if code is not None:  # a code past what the wire carries is counted, not named
+                self.last_xid[index] = code
+                self.new_xids[index] = merge_xids(self.new_xids.get(index, ()), [code])
 
     def _sample(self, index: int, handle: Any, per_pid: dict[int, int], on_gpu: dict[int, int]) -> GpuSample:
         nvml = self.nvml
@@ -90,22 +99,24 @@ class NvmlGpuBackend:
                 on_gpu[int(proc.pid)] = on_gpu.get(int(proc.pid), 0) + used
         uuid = t(lambda: nvml.nvmlDeviceGetUUID(handle))
         name = t(lambda: nvml.nvmlDeviceGetName(handle))
+        # A reading outside what the wire accepts (a sensor or driver gone wrong) is unknown: never a report the
+        # control plane refuses, nor a read that fails.
         return GpuSample(
             index=index,
             uuid=_text(uuid) or f"GPU-unknown-{index}",
             name=_text(name) or "unknown",
-            temperature_celsius=_float(t(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
-            slowdown_temperature_celsius=_float(t(lambda: nvml.nvmlDeviceGetTemperatureThreshold(
+            temperature_celsius=_celsius(t(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
+            slowdown_temperature_celsius=_celsius(t(lambda: nvml.nvmlDeviceGetTemperatureThreshold(
                 handle, nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN))),
-            shutdown_temperature_celsius=_float(t(lambda: nvml.nvmlDeviceGetTemperatureThreshold(
+            shutdown_temperature_celsius=_celsius(t(lambda: nvml.nvmlDeviceGetTemperatureThreshold(
                 handle, nvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN))),
-            memory_used_bytes=int(memory.used) if memory is not None else None,
-            memory_total_bytes=int(memory.total) if memory is not None else None,
-            utilization_ratio=min(1.0, util.gpu / 100.0) if util is not None else None,
-            power_watts=power / 1000.0 if power is not None else None,
-            power_limit_watts=limit / 1000.0 if limit is not None else None,
+            memory_used_bytes=_count(memory.used) if memory is not None else None,
+            memory_total_bytes=_count(memory.total) if memory is not None else None,
+            utilization_ratio=bounded(min(1.0, util.gpu / 100.0), 0, 1) if util is not None else None,
+            power_watts=_watts(power),
+            power_limit_watts=_watts(limit),
             throttle_reasons=decode_reasons(int(reasons)) if reasons is not None else [],
-            ecc_uncorrected_total=int(ecc) if ecc is not None else None,
+            ecc_uncorrected_total=_count(ecc) if ecc is not None else None,
             xid_events_total=self.xids.get(index, 0),
             last_xid=self.last_xid.get(index),
             xids=self.new_xids.get(index, []),
@@ -133,3 +144,16 @@ def _text(value: object) -> str | None:
 
 def _float(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) else None
+
+
+def _celsius(value: object) -> float | None:
+    return bounded(_float(value), MIN_TEMPERATURE_CELSIUS, MAX_TEMPERATURE_CELSIUS)
+
+
+def _watts(milliwatts: object) -> float | None:
+    value = _float(milliwatts)
+    return bounded(value / 1000.0 if value is not None else None, 0, MAX_POWER_WATTS)
+
+
+def _count(value: object) -> int | None:
+    return bounded(int(value), 0, INT64_MAX) if isinstance(value, int) else None

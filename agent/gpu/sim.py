@@ -15,6 +15,7 @@ file reads as an idle GPU.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,14 @@ import psutil
 from agent.gpu.base import GpuReading
 from agent.gpu.throttle import KNOWN_REASONS, POWER_CAP
 from agent.gpu.xid import merge_xids
-from agent.wire import GpuSample
+from agent.wire import (
+    INT64_MAX,
+    MAX_POWER_WATTS,
+    MAX_TEMPERATURE_CELSIUS,
+    MIN_TEMPERATURE_CELSIUS,
+    GpuSample,
+    bounded,
+)
 
 FILE_PATTERN = re.compile(r"^gpu(\d+)-(\d+)\.json$")
 
@@ -56,9 +64,19 @@ def _above_idle(raw: dict[str, Any]) -> float:
     return max(0.0, (_num(raw, "power_watts") or 0.0) - (_num(raw, "power_idle_watts") or 0.0))
 
 
+def _celsius(value: float | None) -> float | None:
+    return bounded(value, MIN_TEMPERATURE_CELSIUS, MAX_TEMPERATURE_CELSIUS)
+
+
+def _bytes(value: float) -> int | None:
+    return bounded(int(value), 0, INT64_MAX) if math.isfinite(value) else None
+
+
 def _num(raw: dict[str, Any], key: str) -> float | None:
     value = raw.get(key)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        return None  # JSON from a file may say NaN or Infinity: unknown, like a missing key
+    return float(value)
 
 
 class SimGpuBackend:
@@ -103,11 +121,12 @@ class SimGpuBackend:
             # A file's events only grow, so an event is its process, place in the list, code and time: two of
             # one code at one instant are two events.
             for n, event in enumerate(raw.get("xid_events") or []):
-                if isinstance(event, dict) and isinstance(event.get("code"), int):
-                    key = (int(raw["pid"]), n, event["code"], str(event.get("at")))
+                code = event.get("code") if isinstance(event, dict) else None
+                if isinstance(code, int) and bounded(code, 0, INT64_MAX) is not None:  # what the wire carries
+                    key = (int(raw["pid"]), n, code, str(event.get("at")))
                     if key not in seen:
                         seen.add(key)
-                        new.append((str(event.get("at")), event["code"]))
+                        new.append((str(event.get("at")), code))
         codes = [code for _, code in sorted(new, key=lambda e: _order(e[0]))]
         if codes:
             self._last_xid[index] = codes[-1]
@@ -130,19 +149,20 @@ class SimGpuBackend:
         if temperature >= slowdown:
             reasons.add("hw_thermal_slowdown")
         first = files[0] if files else {}
+        # What the wire cannot carry (a file that says 10^6 °C) reads as unknown, as NVML's backend does.
         return GpuSample(
             index=index,
             uuid=str(first.get("uuid") or f"GPU-00000000-0000-0000-0000-{index:012d}"),
             name=str(first.get("name") or idle.name),
-            temperature_celsius=temperature,
-            slowdown_temperature_celsius=slowdown,
-            shutdown_temperature_celsius=max(values("shutdown_temperature_celsius"),
-                                             default=idle.shutdown_temperature_celsius),
-            memory_used_bytes=int(sum(values("memory_used_bytes"))),
-            memory_total_bytes=int(max(values("memory_total_bytes"), default=idle.memory_total_bytes)),
+            temperature_celsius=_celsius(temperature),
+            slowdown_temperature_celsius=_celsius(slowdown),
+            shutdown_temperature_celsius=_celsius(max(values("shutdown_temperature_celsius"),
+                                                      default=idle.shutdown_temperature_celsius)),
+            memory_used_bytes=_bytes(sum(values("memory_used_bytes"))),
+            memory_total_bytes=_bytes(max(values("memory_total_bytes"), default=idle.memory_total_bytes)),
             utilization_ratio=min(1.0, max(0.0, max(values("utilization_ratio"), default=0.0))),
-            power_watts=min(limit, drawn),
-            power_limit_watts=limit,
+            power_watts=bounded(min(limit, drawn), 0, MAX_POWER_WATTS),
+            power_limit_watts=bounded(limit, 0, MAX_POWER_WATTS),
             throttle_reasons=[r for r in KNOWN_REASONS if r in reasons],
             ecc_uncorrected_total=0,
             xid_events_total=len(self._xids_seen.get(index, ())),

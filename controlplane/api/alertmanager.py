@@ -124,7 +124,9 @@ def parse_payload(body: bytes) -> AlertmanagerPayload:
         raise Rejected(422, "malformed", f"body is not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise Rejected(422, "malformed", "expected Alertmanager's webhook payload (a JSON object)")
-    if "version" in data and data["version"] not in SUPPORTED_VERSIONS:
+    # Only a string is a version this server may not read; anything else (a list, an object) is malformed, and
+    # validation names the field (422).
+    if isinstance(data.get("version"), str) and data["version"] not in SUPPORTED_VERSIONS:
         raise Rejected(status.HTTP_400_BAD_REQUEST, "version",
                        f"unsupported webhook payload version {data['version']!r}; this control plane reads "
                        f"{', '.join(sorted(SUPPORTED_VERSIONS))}")
@@ -142,8 +144,8 @@ def parse_payload(body: bytes) -> AlertmanagerPayload:
 
 def _address(text: str) -> tuple[str, int | None] | None:
     """``host:port`` (an ``instance`` label) or a URL, as (lower-case host, port); None for loopback."""
-    parts = urlsplit(text if "//" in text else f"//{text}")
-    try:
+    try:  # a report's URL or hostname may be anything ("[" is an invalid IPv6 URL): then it maps nothing
+        parts = urlsplit(text if "//" in text else f"//{text}")
         host, port = (parts.hostname or "").lower(), parts.port
     except ValueError:
         return None

@@ -64,7 +64,8 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
         auth=Authenticator(config, sessions, clock=clock),
         leadership=leadership if leadership is not None else leadership_for(config.database_url),
         reports=ReportWriter(sessions, clock, report_interval_seconds=config.report_interval_seconds,
-                             max_pending=config.max_pending_reports, on_batch=telemetry.report_batch_size.observe),
+                             max_pending=config.max_pending_reports, on_batch=telemetry.report_batch_size.observe,
+                             max_clock_skew_seconds=config.max_clock_skew_seconds),
     )
     telemetry.serve_store(lambda: read_store(sessions, clock, ctx.stale_after))
     process = None

@@ -2,23 +2,36 @@
 
 The body is read by hand (not by a FastAPI body parameter) so that an oversized report is refused with 413
 before it is buffered whole, and an unsupported protocol version is named before field validation fails on
-fields this control plane does not know.
+fields this control plane does not know. Past the wire models' own bounds, a report is refused (422, naming the
+field) for replicas on GPUs it does not list and for timestamps too far from this control plane's clock
+(``agent.wire.gpu_problems``, ``clock_problems``); nothing of a refused report is stored. A report dropped as
+out of order is answered 409 with the sequence this control plane holds (``agent.wire.OutOfOrder``), so the agent
+knows and numbers its next report past it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from agent.wire import PROTOCOL_VERSION, DesiredState, NodeReport
+from agent.wire import (
+    PROTOCOL_VERSION,
+    DesiredState,
+    NodeReport,
+    OutOfOrder,
+    clock_problems,
+    gpu_problems,
+)
 from controlplane.api.auth import AuthError
 from controlplane.api.bodies import Rejected, read_body
 from controlplane.api.context import get_context
-from controlplane.fleet.writer import Backlogged
+from controlplane.fleet.sequencing import Verdict
+from controlplane.fleet.writer import Backlogged, Written
 from controlplane.security.roles import Role
 
 SUPPORTED_PROTOCOL_VERSIONS = frozenset({PROTOCOL_VERSION})
@@ -28,14 +41,22 @@ BACKLOG_RETRY_AFTER_SECONDS = 5
 router = APIRouter(tags=["agents"])
 
 
-def _parse(body: bytes, node: str) -> NodeReport:
+class Dropped(BaseModel):
+    """The body of a 409: the report was dropped as out of order."""
+
+    detail: OutOfOrder
+
+
+def _parse(body: bytes, node: str, now: datetime, max_clock_skew: timedelta) -> NodeReport:
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise Rejected(422, "malformed", f"body is not JSON: {exc}") from exc
     if isinstance(data, dict) and "protocol_version" in data:
         version = data["protocol_version"]
-        if version not in SUPPORTED_PROTOCOL_VERSIONS:
+        # Only an integer can be a version this control plane does not speak; anything else (a string, an object)
+        # is malformed, and validation names the field (422).
+        if isinstance(version, int) and not isinstance(version, bool) and version not in SUPPORTED_PROTOCOL_VERSIONS:
             supported = ", ".join(str(v) for v in sorted(SUPPORTED_PROTOCOL_VERSIONS))
             raise Rejected(status.HTTP_400_BAD_REQUEST, "protocol_version",
                            f"unsupported protocol_version {version!r}; this control plane speaks {supported}")
@@ -48,10 +69,27 @@ def _parse(body: bytes, node: str) -> NodeReport:
         repeated = sorted({k for k in keys if keys.count(k) > 1})
         if repeated:
             raise Rejected(422, "malformed", f"{what} repeated in one report: {', '.join(repeated)}")
+    if problems := gpu_problems(report):
+        raise Rejected(422, "malformed", problems)
     if report.node != node:
         raise Rejected(status.HTTP_400_BAD_REQUEST, "node_mismatch",
                        f"report for node {report.node!r} posted to the path of node {node!r}")
+    if problems := clock_problems(report, now, max_clock_skew):
+        raise Rejected(422, "clock_skew", problems)
     return report
+
+
+def _out_of_order(report: NodeReport, written: Written) -> HTTPException:
+    """The 409 to a report dropped as out of order: what this control plane holds, and what to do about it."""
+    assert written.last_sequence is not None and written.last_sent_at is not None
+    held, held_at = written.last_sequence, written.last_sent_at
+    detail = OutOfOrder(
+        message=f"report {report.sequence} of node {report.node} (sent_at {report.sent_at.isoformat()}) dropped as "
+                f"out of order: this control plane holds report {held}, sent_at {held_at.isoformat()}; number "
+                f"the next report above {held} (an agent that restarted, a late retry, or two agents reporting as "
+                f"node {report.node})",
+        sequence=report.sequence, sent_at=report.sent_at, last_sequence=held, last_sent_at=held_at)
+    return HTTPException(status.HTTP_409_CONFLICT, detail.model_dump(mode="json"))
 
 
 @router.post(
@@ -63,7 +101,11 @@ def _parse(body: bytes, node: str) -> NodeReport:
     responses={400: {"description": "wrong node in path, or unsupported protocol version"},
                401: {"description": "agent token missing"},
                403: {"description": "not an agent token, or one bound to another node"},
-               413: {"description": "report too large"}, 422: {"description": "malformed report"},
+               409: {"model": Dropped, "description": "dropped as out of order: a sequence at or below the "
+                     "node's last, sent no later; the answer holds the last sequence, to carry on past"},
+               413: {"description": "report too large"},
+               422: {"description": "malformed report, impossible values, or a clock too far from the control "
+                     "plane's (max_clock_skew_seconds); the detail names each field"},
                503: {"description": "too many reports waiting to be written, or the write timed out; retry"}},
 )
 async def post_report(node: str, request: Request) -> Response:
@@ -71,7 +113,7 @@ async def post_report(node: str, request: Request) -> Response:
     try:
         ctx.auth.require(request.headers.get("authorization"), Role.AGENT, node=node)
         body = await read_body(request, ctx.config.max_report_bytes, "report")
-        report = _parse(body, node)
+        report = _parse(body, node, ctx.clock(), timedelta(seconds=ctx.config.max_clock_skew_seconds))
     except Rejected as exc:
         ctx.telemetry.reject(exc.reason)
         raise
@@ -86,15 +128,16 @@ async def post_report(node: str, request: Request) -> Response:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"control plane busy: {exc}; retry later",
                             headers={"Retry-After": str(BACKLOG_RETRY_AFTER_SECONDS)}) from exc
     try:
-        verdict, answer = await asyncio.wait_for(asyncio.wrap_future(written),
-                                                 ctx.config.report_write_timeout_seconds)
+        outcome = await asyncio.wait_for(asyncio.wrap_future(written), ctx.config.report_write_timeout_seconds)
     except TimeoutError as exc:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the report was not written in time; retry",
                             headers={"Retry-After": str(BACKLOG_RETRY_AFTER_SECONDS)}) from exc
-    ctx.telemetry.reports_received.labels(outcome=verdict.value).inc()
+    ctx.telemetry.reports_received.labels(outcome=outcome.verdict.value).inc()
+    if outcome.verdict is Verdict.OUT_OF_ORDER:
+        raise _out_of_order(report, outcome)
     request.app.state.jobs.poke()  # evaluate the policies soon after new evidence (debounced)
     # Serialised here, once: the answer is already a validated model (the hot path at 200 reports a second).
-    return Response(answer.model_dump_json(), media_type="application/json")
+    return Response(outcome.answer.model_dump_json(), media_type="application/json")
 
 
 def register_schemas(openapi: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pitstop import __version__
 
 # Reasons a report is refused; a fixed set so the label's cardinality is bounded.
 REJECT_REASONS = ("unauthorized", "forbidden", "too_large", "malformed", "node_mismatch", "protocol_version",
-                  "backlogged")
+                  "clock_skew", "backlogged")
 # Reasons an Alertmanager webhook payload is refused, likewise fixed.
 ALERTMANAGER_REJECT_REASONS = ("unauthorized", "forbidden", "too_large", "malformed", "version")
 # What an Alertmanager alert was mapped to.

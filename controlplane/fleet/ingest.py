@@ -13,7 +13,7 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import JSON, Column, Connection, Table, bindparam, delete, insert, select, update
@@ -168,7 +168,7 @@ _PG = postgresql.dialect()
 
 
 def apply_reports(*, session: Session, reports: Sequence[NodeReport], now: datetime,
-                  fences: dict[str, Any] | None = None) -> list[Verdict]:
+                  fences: dict[str, Any] | None = None, max_clock_skew: timedelta | None = None) -> list[Verdict]:
     """Store each report that is news (see ``sequencing``); return the verdicts in the order of ``reports``.
 
     One transaction for the batch, with Core statements on the session's connection and one multi-row INSERT
@@ -177,7 +177,9 @@ def apply_reports(*, session: Session, reports: Sequence[NodeReport], now: datet
     the database did).
 
     The reports must come from distinct nodes (a batch holds a node's reports one at a time, in order).
-    ``fences``, when given, receives each known node's row with its ``cordoned`` and ``cordoned_gpus``.
+    ``fences``, when given, receives each known node's row with its ``cordoned`` and ``cordoned_gpus`` (and its
+    ``last_sequence`` and ``last_sent_at``, as they were before this batch). ``max_clock_skew``: a node's last
+    ``sent_at`` later than ``now`` plus it is not trusted to tell a restart (``sequencing``).
     """
     nodes = [r.node for r in reports]
     if len(set(nodes)) != len(nodes):
@@ -188,6 +190,7 @@ def apply_reports(*, session: Session, reports: Sequence[NodeReport], now: datet
     found = {row.name: row for row in conn.execute(_NODES_LAST, {"b_nodes": nodes})}
     if fences is not None:
         fences.update(found)
+    horizon = None if max_clock_skew is None else now + max_clock_skew
     verdicts = []
     for report in reports:
         last = found.get(report.node)
@@ -196,6 +199,7 @@ def apply_reports(*, session: Session, reports: Sequence[NodeReport], now: datet
             last_sent_at=None if last is None else last.last_sent_at,
             sequence=report.sequence,
             sent_at=report.sent_at,
+            horizon=horizon,
         ))
     applying = [r for r, v in zip(reports, verdicts, strict=True) if v.applies]
     if not applying:

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from agent.wire import EngineSample, ProcessSample
+from agent.wire import EngineSample, ProcessSample, salvage
 from controlplane.fleet.schemas import EventOut, GpuOut, NodeDetail, NodeOut, NodeStatus, ReplicaOut, SampleOut
 from controlplane.store.models import Gpu, Node, Replica, ReplicaEventRow, Sample
 
@@ -59,8 +59,9 @@ def _replica_out(r: Replica, status: NodeStatus) -> ReplicaOut:
         state=r.state, ready=r.ready, generation=r.generation, gpus=list(r.gpus),
         engine_args=list(r.engine_args), restarts_total=r.restarts_total, state_since=r.state_since,
         last_exit_code=r.last_exit_code, log_tail=list(r.log_tail),
-        engine=None if r.engine is None else EngineSample.model_validate(r.engine),
-        process=None if r.process is None else ProcessSample.model_validate(r.process),
+        # Salvaged: a reading stored before the wire bounded it (negative, infinite) reads as unknown, not a 500.
+        engine=None if r.engine is None else salvage(EngineSample, r.engine),
+        process=None if r.process is None else salvage(ProcessSample, r.process),
         canary_ttft_seconds=r.canary_ttft_seconds, canary_ok=r.canary_ok, updated_at=r.updated_at,
     )
 

@@ -23,8 +23,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -36,7 +36,15 @@ from controlplane.store.db import session_scope
 
 log = logging.getLogger(__name__)
 
-Written = tuple[Verdict, DesiredState]
+
+class Written(NamedTuple):
+    """What became of one report: the verdict, the node's answer, and for a report dropped as out of order the
+    node's last accepted sequence and ``sent_at`` (what the agent is told to carry on past)."""
+
+    verdict: Verdict
+    answer: DesiredState
+    last_sequence: int | None = None
+    last_sent_at: datetime | None = None
 
 
 @dataclass
@@ -50,13 +58,14 @@ class Backlogged(Exception):
 
 
 class ReportWriter:
-    """Applies submitted reports in batches on one thread; ``submit`` returns a future of (verdict, answer)."""
+    """Applies submitted reports in batches on one thread; ``submit`` returns a future of ``Written``."""
 
     def __init__(self, sessions: sessionmaker[Session], clock: Callable[[], datetime], *,
                  report_interval_seconds: float | None = None, max_batch: int = 64, max_pending: int = 2000,
-                 on_batch: Callable[[int], None] | None = None) -> None:
+                 on_batch: Callable[[int], None] | None = None, max_clock_skew_seconds: float | None = None) -> None:
         self._sessions = sessions
         self._clock = clock
+        self._max_skew = None if max_clock_skew_seconds is None else timedelta(seconds=max_clock_skew_seconds)
         self._interval = report_interval_seconds
         self._max_batch = max_batch
         self._max_pending = max_pending
@@ -149,7 +158,8 @@ class ReportWriter:
         try:
             with session_scope(self._sessions) as session:
                 fences: dict[str, Any] = {}
-                verdicts = apply_reports(session=session, reports=reports, now=self._clock(), fences=fences)
+                verdicts = apply_reports(session=session, reports=reports, now=self._clock(), fences=fences,
+                                         max_clock_skew=self._max_skew)
                 answers = desired_states(session=session, nodes=[r.node for r in reports],
                                          report_interval_seconds=self._interval, fences=fences)
         except Exception as exc:
@@ -165,7 +175,10 @@ class ReportWriter:
             self._on_batch(len(batch))
         self._settled(batch)
         for pending, verdict in zip(batch, verdicts, strict=True):
-            pending.future.set_result((verdict, answers[pending.report.node]))
+            node = pending.report.node
+            last = fences.get(node) if verdict is Verdict.OUT_OF_ORDER else None
+            pending.future.set_result(Written(verdict, answers[node]) if last is None else
+                                      Written(verdict, answers[node], last.last_sequence, last.last_sent_at))
 
     def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
         self._settled(batch)

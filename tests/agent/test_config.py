@@ -140,3 +140,10 @@ def test_check_accepts_distinct_addresses_and_attached_engines(tmp_path: Path, c
                     "  - name: d\n    model: m\n    port: 8003\n")
     code, err = check(path)
     assert code == 0, err
+
+
+def test_a_gpu_index_no_gpu_can_have_is_refused_at_load(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("replicas:\n  - name: a\n    model: m\n    port: 8001\n    gpus: [0, 2000]\n")
+    with pytest.raises(ConfigError, match=r"replicas\.0\.gpus\.1"):
+        load_config(path)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.engine_metrics import MetricsParseError, engine_sample, parse_metrics
+from agent.wire import EngineSample
 from tests.agent.vllm_text import render
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -136,3 +137,16 @@ def test_more_wanted_samples_than_any_engine_sends_is_an_error() -> None:
     # Up to the bound, distinct series are an engine's ranks, summed; unwanted lines do not count.
     noise = "".join(f'vllm:other_gauge{{i="{i}"}} 1\n' for i in range(20_000))
     assert parse_metrics(noise + running_ranks(10_000), 0.0, "m").values["running"] == 10_000
+
+
+def test_an_engine_printing_nan_inf_or_negative_numbers_gives_unknowns_not_a_refused_report() -> None:
+    # Every float here is one the control plane refuses (the wire is finite and non-negative): sent as it is,
+    # it would cost the node its whole report; raised, the agent's collector.
+    before = parse_metrics(render(generation_tokens=1000, ttft=[0.1, 0.2]), at=100.0)
+    text = render(running=-3, waiting=float("nan"), kv=1.7, generation_tokens=400, ttft=[0.1, 0.2, 0.3])
+    text = text.replace('vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 3.0',
+                        'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} +Inf')
+    sample = engine_sample(parse_metrics(text, at=110.0), before)
+    assert (sample.requests_running, sample.requests_waiting, sample.kv_cache_usage_ratio) == (None, None, None)
+    assert sample.generation_tokens_total == 400  # what is a reading stays one
+    EngineSample.model_validate(sample.model_dump())  # and the whole sample is one the wire accepts

@@ -293,6 +293,24 @@ def test_another_payload_version_is_400(am_client: TestClient) -> None:
     assert metric(am_client, 'pitstop_cp_alertmanager_rejected_total{reason="version"}') == 1
 
 
+@pytest.mark.parametrize("version", [[], {}, 4])
+def test_a_version_that_is_not_a_string_is_malformed_not_a_500(am_client: TestClient, version: object) -> None:
+    # Found by fuzzing with the alertmanager token: a list was looked up in a set (TypeError: a 500).
+    answer = am_client.post("/v1/alertmanager", json={**payload(TTFT_ON_R0), "version": version}, headers=bearer(AM))
+    assert answer.status_code == 422, answer.text
+    assert [e["loc"] for e in answer.json()["detail"]] == [["version"]]
+    assert rows(am_client) == 0
+
+
+def test_a_reported_url_that_is_no_url_maps_nothing_and_breaks_no_webhook(am_client: TestClient) -> None:
+    # Found by fuzzing: a replica URL of "http://[oops" made every later payload a 500 (urlsplit raised).
+    odd = replica("r2").model_copy(update={"url": "http://[oops"})
+    r = report(sequence=2, sent_at=T0 + timedelta(seconds=5), replicas=[replica("r0"), odd])
+    assert am_client.post("/v1/agents/gpu-a/report", json=body(r), headers=bearer(AGENT)).status_code == 200
+    answer = am_client.post("/v1/alertmanager", json=payload(TTFT_ON_R0), headers=bearer(AM))
+    assert answer.status_code == 200, answer.text
+
+
 def test_an_oversized_payload_is_refused_before_it_is_read(am_client: TestClient,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(alertmanager, "MAX_PAYLOAD_BYTES", 4096)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import httpx
 
-from tests.controlplane.fixtures import T0, body, replica, report
+from tests.controlplane.fixtures import body, replica, report
 
 NODES, REPORTS = 8, 6
 
@@ -15,12 +15,13 @@ NODES, REPORTS = 8, 6
 def test_concurrent_reports_from_many_nodes_all_land(live_api: str) -> None:
     statuses: list[int] = []
     lock = threading.Lock()
+    start = datetime.now(UTC)  # the server's clock is the real one: reports are sent now
 
     def agent(n: int) -> None:
         # Once any token exists, reports need an agent token too.
         with httpx.Client(base_url=live_api, timeout=30, headers={"Authorization": "Bearer agent"}) as client:
             for seq in range(1, REPORTS + 1):
-                r = report(f"node-{n}", sequence=seq, sent_at=T0 + timedelta(seconds=seq),
+                r = report(f"node-{n}", sequence=seq, sent_at=start + timedelta(seconds=seq),
                            replicas=[replica(f"r{k}") for k in range(4)])
                 code = client.post(f"/v1/agents/node-{n}/report", json=body(r)).status_code
                 with lock:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from agent.wire import ReplicaState
 from controlplane.console import app as console_app
 from controlplane.console.client import ENV_API_URL, ENV_TOKEN
-from tests.controlplane.fixtures import T0, body, replica, report
+from tests.controlplane.fixtures import body, replica, report
 from tests.helpers import free_port
 
 APP_PATH = str(Path(console_app.__file__))
@@ -31,7 +31,8 @@ def run_page(monkeypatch: pytest.MonkeyPatch, api_url: str, token: str | None) -
 
 
 def test_page_shows_reported_replicas(live_api: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    for seq, sent in ((1, T0), (2, T0 + timedelta(seconds=5))):
+    now = datetime.now(UTC)  # the server's clock is the real one: reports are sent now
+    for seq, sent in ((1, now), (2, now + timedelta(seconds=5))):
         reps = [replica("chat-0", restarts=4), replica("chat-1", state=ReplicaState.BACKOFF)]
         r = report(sequence=seq, sent_at=sent, replicas=reps)
         httpx.post(f"{live_api}/v1/agents/gpu-a/report", json=body(r), timeout=10,

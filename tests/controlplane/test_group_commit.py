@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -140,9 +140,9 @@ def test_reports_queued_while_the_writer_is_busy_commit_together(tmp_path: Path)
         blocker.close()
     results = [f.result(timeout=30) for f in futures]
     writer.stop()
-    assert [v for v, _ in results] == [Verdict.NEW] * 30  # a node's reports in arrival order
+    assert [w.verdict for w in results] == [Verdict.NEW] * 30  # a node's reports in arrival order
     assert sum(sizes) == 30 and max(sizes) >= 5
-    assert {a.node for _, a in results} == {f"n{i}" for i in range(10)}
+    assert {w.answer.node for w in results} == {f"n{i}" for i in range(10)}
     with make_engine(url).connect() as conn:
         nodes = conn.execute(text("SELECT name, last_sequence, reports_total FROM nodes ORDER BY name")).all()
     assert [tuple(n) for n in nodes] == [(f"n{i}", 3, 3) for i in range(10)]
@@ -214,6 +214,11 @@ def test_an_unreachable_database_fails_the_queued_reports_at_once() -> None:
     writer.stop()
 
 
+def live(node: str) -> dict[str, Any]:
+    """A report sent now, for a control plane on the real clock (it refuses a clock far from its own)."""
+    return body(report(node, sent_at=datetime.now(UTC)))
+
+
 def test_a_busy_control_plane_answers_503_with_retry_after(tmp_path: Path) -> None:
     db = tmp_path / "cp.db"
     config = ServerConfig(database_url=f"sqlite:///{db}", agent_tokens=["agent"], max_pending_reports=1)
@@ -229,12 +234,12 @@ def test_a_busy_control_plane_answers_503_with_retry_after(tmp_path: Path) -> No
         blocker.execute("BEGIN IMMEDIATE")
         first: list[int] = []
         sender = threading.Thread(target=lambda: first.append(httpx.post(
-            f"{base}/v1/agents/a/report", json=body(report("a")), headers=auth, timeout=30).status_code))
+            f"{base}/v1/agents/a/report", json=live("a"), headers=auth, timeout=30).status_code))
         try:
             sender.start()
             wait_until(lambda: "pitstop_cp_report_backlog 1.0" in httpx.get(f"{base}/metrics").text,
                        timeout=10, what="the first report to wait for the database")
-            busy = httpx.post(f"{base}/v1/agents/b/report", json=body(report("b")), headers=auth, timeout=10)
+            busy = httpx.post(f"{base}/v1/agents/b/report", json=live("b"), headers=auth, timeout=10)
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()
@@ -242,7 +247,7 @@ def test_a_busy_control_plane_answers_503_with_retry_after(tmp_path: Path) -> No
         assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
         assert "retry later" in busy.json()["detail"]
         assert first == [200]
-        again = httpx.post(f"{base}/v1/agents/b/report", json=body(report("b")), headers=auth, timeout=10)
+        again = httpx.post(f"{base}/v1/agents/b/report", json=live("b"), headers=auth, timeout=10)
         assert again.status_code == 200
         assert 'pitstop_cp_reports_rejected_total{reason="backlogged"} 1.0' in httpx.get(f"{base}/metrics").text
     finally:

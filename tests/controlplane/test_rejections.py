@@ -124,3 +124,99 @@ def test_read_tokens_enforced_when_configured(guarded: TestClient) -> None:
     assert guarded.get("/v1/replicas", headers={"Authorization": "Bearer look"}).status_code == 200
     # Probes and scrapes stay open: load balancers and Prometheus carry no token.
     assert guarded.get("/healthz").status_code == 200 and guarded.get("/readyz").status_code == 200
+
+
+def _event(at: str) -> dict[str, Any]:
+    return {"replica": "r9", "at": at, "kind": "transition", "from_state": "WARMING", "to_state": "READY"}
+
+
+YEAR_AHEAD = (T0 + timedelta(days=365)).isoformat()
+# Each case: what is changed in an otherwise good report, and the field the refusal must name.
+IMPOSSIBLE = {
+    # Once 500s: a naive time, integers past their columns, a version that is not a number.
+    "naive sent_at": (lambda d: d.update(sent_at="2026-11-29T12:00:05"), "sent_at"),
+    "naive state_since": (lambda d: d["replicas"][0].update(state_since="2026-11-29T11:55:00"),
+                          "replicas.0.state_since"),
+    "naive event time": (lambda d: d.update(events=[_event("2026-11-29T11:59:00")]), "events.0.at"),
+    "generation past 64 bits": (lambda d: d["replicas"][0].update(generation=2**64), "replicas.0.generation"),
+    "generation past its INTEGER column": (lambda d: d["replicas"][0].update(generation=2**31),
+                                           "replicas.0.generation"),
+    "restarts past 64 bits": (lambda d: d["replicas"][0].update(restarts_total=2**70), "replicas.0.restarts_total"),
+    "exit code past 64 bits": (lambda d: d["replicas"][0].update(last_exit_code=-(2**64)),
+                               "replicas.0.last_exit_code"),
+    "host memory past 64 bits": (lambda d: d.update(memory_total_bytes=2**64), "memory_total_bytes"),
+    "GPU memory past 64 bits": (lambda d: d["gpus"][0].update(memory_used_bytes=10**30), "gpus.0.memory_used_bytes"),
+    "protocol_version an object": (lambda d: d.update(protocol_version={}), "protocol_version"),
+    "protocol_version a string": (lambda d: d.update(protocol_version="1"), "protocol_version"),
+    # Stored and then acted on, once.
+    "negative requests running": (lambda d: d["replicas"][0]["engine"].update(requests_running=-3),
+                                  "replicas.0.engine.requests_running"),
+    "negative token rate": (lambda d: d["replicas"][0]["engine"].update(generation_tokens_per_second=-1.5),
+                            "replicas.0.engine.generation_tokens_per_second"),
+    "negative p99": (lambda d: d["replicas"][0]["engine"].update(ttft_p99_seconds=-0.1),
+                     "replicas.0.engine.ttft_p99_seconds"),
+    "negative token total": (lambda d: d["replicas"][0]["engine"].update(generation_tokens_total=-10),
+                             "replicas.0.engine.generation_tokens_total"),
+    "KV cache over full": (lambda d: d["replicas"][0]["engine"].update(kv_cache_usage_ratio=1.5),
+                           "replicas.0.engine.kv_cache_usage_ratio"),
+    "replica on a GPU the node lacks": (lambda d: d["replicas"][0].update(gpus=[99]), "replicas.0.gpus"),
+    "replica on GPU -1": (lambda d: d["replicas"][0].update(gpus=[-1]), "replicas.0.gpus.0"),
+    "event a year ahead": (lambda d: d.update(events=[_event(YEAR_AHEAD)]), "events.0.at"),
+    "state_since a year ahead": (lambda d: d["replicas"][0].update(state_since=YEAR_AHEAD),
+                                 "replicas.0.state_since"),
+    "GPU at a million degrees": (lambda d: d["gpus"][0].update(temperature_celsius=1e6),
+                                 "gpus.0.temperature_celsius"),
+    "GPU below -50 degrees": (lambda d: d["gpus"][0].update(slowdown_temperature_celsius=-300),
+                              "gpus.0.slowdown_temperature_celsius"),
+    "negative power": (lambda d: d["gpus"][0].update(power_watts=-5.0), "gpus.0.power_watts"),
+    "a megawatt GPU": (lambda d: d["gpus"][0].update(power_limit_watts=1e6), "gpus.0.power_limit_watts"),
+    "negative canary time": (lambda d: d["replicas"][0].update(canary_ttft_seconds=-1),
+                             "replicas.0.canary_ttft_seconds"),
+}
+# Numbers JSON can carry and Python reads as infinity or NaN: written into the body's text.
+NON_FINITE = {
+    "1e309 read back as infinity": ("1e309", "gpus.0.temperature_celsius"),
+    "NaN": ("NaN", "gpus.0.temperature_celsius"),
+    "-Infinity": ("-Infinity", "gpus.0.temperature_celsius"),
+}
+
+
+def _locs(response: Any) -> list[str]:
+    detail = response.json()["detail"]
+    assert isinstance(detail, list), detail
+    return [".".join(str(part) for part in problem["loc"]) for problem in detail]
+
+
+@pytest.mark.parametrize("case", list(IMPOSSIBLE))
+def test_impossible_or_unstorable_values_are_refused_naming_the_field(seeded: TestClient, case: str) -> None:
+    before = snapshot(seeded)
+    data = newer()
+    change, field = IMPOSSIBLE[case]
+    change(data)
+    response = seeded.post("/v1/agents/gpu-a/report", json=data)
+    assert response.status_code == 422, response.text
+    assert field in _locs(response), response.text
+    assert snapshot(seeded) == before
+
+
+@pytest.mark.parametrize("case", list(NON_FINITE))
+def test_non_finite_numbers_are_refused_naming_the_field(seeded: TestClient, case: str) -> None:
+    before = snapshot(seeded)
+    data = newer()
+    data["gpus"][0]["temperature_celsius"] = 61.25
+    text, field = NON_FINITE[case]
+    content = json.dumps(data).replace("61.25", text).encode()
+    response = seeded.post("/v1/agents/gpu-a/report", content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert field in _locs(response)
+    assert "finite" in response.text
+    assert snapshot(seeded) == before
+
+
+def test_the_bounds_the_control_plane_enforces_are_in_its_openapi_document(client: TestClient) -> None:
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    temperature = schemas["GpuSample"]["properties"]["temperature_celsius"]["anyOf"][0]
+    assert (temperature["minimum"], temperature["maximum"]) == (-50, 200)
+    assert schemas["ReplicaStatus"]["properties"]["generation"]["maximum"] == 2**31 - 1
+    assert schemas["ReplicaStatus"]["properties"]["gpus"]["items"] == {"maximum": 1023, "minimum": 0,
+                                                                        "type": "integer"}

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from agent.wire import DesiredState, ReplicaState
-from controlplane.store.db import make_engine
-from controlplane.store.models import DesiredReplica
+from controlplane.store.db import make_engine, session_scope
+from controlplane.store.models import DesiredReplica, Replica
 from tests.controlplane.fixtures import T0, body, replica, report, transition
 
 
@@ -97,3 +98,15 @@ def test_any_sequence_the_wire_accepts_is_stored(client: TestClient) -> None:
     assert client.get("/v1/nodes/gpu-a").json()["last_sequence"] == 2**40
     too_big = {**big, "sequence": 2**63}
     assert client.post("/v1/agents/gpu-a/report", json=too_big).status_code == 422
+
+
+def test_a_reading_stored_before_the_wire_bounded_it_reads_as_unknown(client: TestClient, app: FastAPI) -> None:
+    assert post(client, report()).status_code == 200
+    with session_scope(app.state.pitstop.sessions) as session:  # what an older control plane accepted
+        row = session.get(Replica, ("gpu-a", "r0"))
+        assert row is not None and row.engine is not None
+        row.engine = {**row.engine, "requests_running": -3.0, "ttft_p99_seconds": 0.5}
+    got = client.get("/v1/replicas/gpu-a/r0")
+    assert got.status_code == 200, got.text
+    engine = got.json()["engine"]
+    assert engine["requests_running"] is None and engine["ttft_p99_seconds"] == 0.5

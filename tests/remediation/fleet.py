@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +63,12 @@ class SimReplica:
             self.tokens_total += self.tokens_per_second * now_seconds
         self.preemptions_total += self.preemptions_per_second * now_seconds
         serving = self.state == ReplicaState.READY
+        # state_since: before the fleet's clock starts (T0 - 30 min), as a real transition is never in the future.
         return ReplicaStatus(
             name=self.name, model=self.model, url="http://127.0.0.1:9001", state=self.state, ready=serving,
             gpus=self.gpus, generation=self.generation, engine_args=list(self.engine_args),
-            restarts_total=self.restarts, state_since=T0, last_exit_code=self.exit_code, log_tail=self.log_tail,
+            restarts_total=self.restarts, state_since=T0 - timedelta(hours=1), last_exit_code=self.exit_code,
+            log_tail=self.log_tail,
             engine=EngineSample(requests_running=self.running, requests_waiting=self.waiting,
                                 generation_tokens_total=self.tokens_total,
                                 generation_tokens_per_second=0.0 if self.stalled else self.tokens_per_second,
@@ -93,19 +95,26 @@ class SimAgent:
     stack_dump: str = "captured by py-spy 0.4.3 at 2026-11-29T12:00:00+00:00 from pid 4242 on node sim\n\n" \
                       'Thread 4243 (active): "EngineCoreThread"\n    wait_for_step (vllm/v1/engine/core.py:412)'
     events: list[ReplicaEvent] = field(default_factory=list)
+    sent_at: datetime = T0  # the time of its latest report, on the fleet's clock
 
     def replica(self, name: str) -> SimReplica:
         return next(r for r in self.replicas if r.name == name)
 
     def report(self, client: TestClient, clock: FakeClock, step: float) -> DesiredState:
         self.sequence += 1
+        self.sent_at = clock()
         gpu = GpuSample(index=0, uuid="GPU-0000", name="NVIDIA H200", temperature_celsius=self.temperature,
                         slowdown_temperature_celsius=89.0, memory_used_bytes=70 * GIB, memory_total_bytes=141 * GIB,
                         xid_events_total=self.xid_total, last_xid=self.last_xid)
+        # GPU 0 is the one that heats and logs XIDs; the others its replicas run on are listed as a real agent
+        # lists every GPU of its host (a report's replicas are on GPUs it lists).
+        others = sorted({i for r in self.replicas for i in r.gpus} - {0})
+        gpus = [gpu] + [GpuSample(index=i, uuid=f"GPU-{i:04d}", name="NVIDIA H200", temperature_celsius=60.0,
+                                  slowdown_temperature_celsius=89.0) for i in others]
         body = NodeReport(protocol_version=PROTOCOL_VERSION, node=self.node, hostname=f"{self.node}.example",
-                          agent_version="0.1.0", agent_url=None, sent_at=clock(), sequence=self.sequence,
+                          agent_version="0.1.0", agent_url=None, sent_at=self.sent_at, sequence=self.sequence,
                           memory_total_bytes=self.memory_total,
-                          gpus=[gpu], replicas=[r.status(step) for r in self.replicas], events=self.events)
+                          gpus=gpus, replicas=[r.status(step) for r in self.replicas], events=self.events)
         self.events = []
         response = client.post(f"/v1/agents/{self.node}/report", json=body.model_dump(mode="json"))
         assert response.status_code == 200, response.text
@@ -121,7 +130,8 @@ class SimAgent:
                 r.state = ReplicaState.STOPPED
             elif spec.generation > r.generation:
                 if spec.capture_stack:  # the real agent dumps the old engine before draining it
-                    self.events.append(ReplicaEvent(replica=r.name, at=T0, kind="stack_dump", message=self.stack_dump))
+                    self.events.append(ReplicaEvent(replica=r.name, at=self.sent_at, kind="stack_dump",
+                                                    message=self.stack_dump))
                 r.generation, r.engine_args = spec.generation, list(spec.engine_args)
                 r.state, r.stalled, r.canary_ok, r.exit_code = ReplicaState.READY, False, True, None
                 r.restarts += 1
