@@ -79,6 +79,13 @@ def start_alertmanager(tmp: Path, processes: StackProcesses, webhook_url: str) -
                   "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"},
         "receivers": [{"name": "pitstop", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],
     }))
+    return run_alertmanager(tmp, processes, config, port)
+
+
+def run_alertmanager(tmp: Path, processes: StackProcesses, config: Path, port: int | None = None) -> str:
+    """Alertmanager on a loopback port with ``config``, alone (no cluster), once it is ready."""
+    assert ALERTMANAGER is not None
+    port = port or free_port()
     processes.start_argv("alertmanager", [
         ALERTMANAGER, f"--config.file={config}", f"--storage.path={tmp / 'am-data'}",
         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
@@ -99,6 +106,11 @@ def start_prometheus(tmp: Path, processes: StackProcesses, *, agent: str, alertm
         "scrape_configs": [{"job_name": "pitstop-agent",
                             "static_configs": [{"targets": [agent.removeprefix("http://")]}]}],
     }))
+    return _run_prometheus(tmp, processes, config, port)
+
+
+def _run_prometheus(tmp: Path, processes: StackProcesses, config: Path, port: int) -> str:
+    assert PROMETHEUS is not None
     processes.start_argv("prometheus", [
         PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'prom-data'}",
         f"--web.listen-address=127.0.0.1:{port}",
@@ -147,10 +159,4 @@ def start_prometheus_for_fleet(tmp: Path, processes: StackProcesses, *, control_
         config["alerting"] = {"alertmanagers": [{"static_configs": [
             {"targets": [alertmanager.removeprefix("http://")]}]}]}
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    processes.start_argv("prometheus", [
-        PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'prom-data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-    ])
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: http_ok(f"{url}/-/ready"), 60, what="Prometheus ready")
-    return url
+    return _run_prometheus(tmp, processes, tmp / "prometheus.yml", port)

@@ -15,10 +15,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers import free_port, http_ok, wait_until
+from tests.helpers import wait_until
 from tests.observability.conftest import StackProcesses
 from tests.observability.rules import ROOT
-from tests.observability.stack import ALERTMANAGER
+from tests.observability.stack import ALERTMANAGER, run_alertmanager
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(ALERTMANAGER is None, reason="needs Debian's alertmanager")]
 
@@ -26,19 +26,11 @@ SHIPPED = ROOT / "alerts" / "alertmanager.yml"
 
 
 def _start(tmp: Path, processes: StackProcesses) -> str:
-    assert ALERTMANAGER is not None
     config = yaml.safe_load(SHIPPED.read_text())
     config["receivers"] = [{"name": r["name"]} for r in config["receivers"]]
     config.pop("templates", None)
     (tmp / "am.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    processes.start_argv("alertmanager", [
-        ALERTMANAGER, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'am-data'}",
-        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-    ])
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: http_ok(f"{url}/-/ready"), 60, what="Alertmanager ready")
-    return url
+    return run_alertmanager(tmp, processes, tmp / "am.yml")
 
 
 def _post(am: str, *alerts: dict[str, str]) -> None:
