@@ -211,7 +211,7 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         quick = args.quick
         am = start_alertmanager(tmp, procs, hook.url, group_wait="5s" if quick else "30s")
         rules = rules_copy(tmp / "rules.yml", for_seconds=10 if quick else None, interval="5s" if quick else None)
-        start_prometheus(tmp, procs, targets=[fleet.agent], alertmanager=am, rules=rules,
+        start_prometheus(tmp, procs, targets=[fleet.agent], alertmanager=am, rules=rules, control_plane=fleet.cp,
                          scrape_interval="5s" if quick else "15s", evaluation_interval="5s" if quick else "15s")
         faults = start_faults(fleet, replicas, watch, by_name, policies)
         fault_at, poller, loop, loads = faults.at, faults.poller, faults.loop, faults.loads

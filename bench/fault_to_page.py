@@ -136,11 +136,13 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         rules = rules_copy(tmp / "stock-rules.yml", for_seconds=10 if quick else None,
                            interval="5s" if quick else None)
         start_prometheus(tmp / "stock", procs, targets=[fleet.agent], alertmanager=am, rules=rules,
-                         scrape_interval="5s" if quick else "15s", evaluation_interval="5s" if quick else "15s",
+                         control_plane=fleet.cp, scrape_interval="5s" if quick else "15s",
+                         evaluation_interval="5s" if quick else "15s",
                          name="prometheus-stock")
         am_tuned = start_alertmanager(tmp / "tuned", procs, tuned_hook.url, group_wait="5s", name="alertmanager-tuned")
         tuned_rules = rules_copy(tmp / "tuned-rules.yml", interval="5s", max_for_seconds=TUNED_FOR_SECONDS)
         start_prometheus(tmp / "tuned", procs, targets=[fleet.agent], alertmanager=am_tuned, rules=tuned_rules,
+                         control_plane=fleet.cp,
                          scrape_interval="5s", evaluation_interval="5s", name="prometheus-tuned")
         faults = start_faults(fleet, replicas, watch, by_name, policies)
         fault_at, poller, loop, loads = faults.at, faults.poller, faults.loop, faults.loads

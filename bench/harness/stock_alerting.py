@@ -119,8 +119,10 @@ def start_alertmanager(tmp: Path, processes: Processes, webhook_url: str, *, gro
 
 def start_prometheus(tmp: Path, processes: Processes, *, targets: list[str], alertmanager: str, rules: Path,
                      scrape_interval: str = "15s", evaluation_interval: str = "15s",
-                     name: str = "prometheus") -> str:
-    """Prometheus scraping ``targets`` with ``rules``; config and storage under ``tmp``, its log as ``name``."""
+                     name: str = "prometheus", control_plane: str | None = None) -> str:
+    """Prometheus scraping the agents ``targets`` with ``rules``; config and storage under ``tmp``, its log as
+    ``name``. With ``control_plane``, also every engine through its agent, found by the control plane's service
+    discovery, as alerts/README.md configures it: the SLO rules read vLLM's own histograms."""
     if PROMETHEUS is None:
         raise RuntimeError("needs Debian's prometheus")
     port = free_port()
@@ -131,8 +133,11 @@ def start_prometheus(tmp: Path, processes: Processes, *, targets: list[str], ale
                    "scrape_timeout": "5s" if scrape_interval != "1s" else "1s"},
         "rule_files": [str(rules)],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager.removeprefix("http://")]}]}]},
-        "scrape_configs": [{"job_name": "pitstop-agent",
-                            "static_configs": [{"targets": [t.removeprefix("http://") for t in targets]}]}],
+        "scrape_configs": [{"job_name": "pitstop-agent", "honor_labels": True,
+                            "static_configs": [{"targets": [t.removeprefix("http://") for t in targets]}]}] + (
+            [{"job_name": "pitstop-engines", "http_sd_configs": [
+                {"url": f"{control_plane}/v1/prometheus/targets?job=pitstop-engines", "refresh_interval": "5s"}]}]
+            if control_plane else []),
     }))
     processes.start_argv(name, [
         PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'prom-data'}",

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -61,7 +62,8 @@ def server(tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.slow
 def test_server_process_accepts_a_report(server: str, tmp_path: Path) -> None:
-    r = report(replicas=[replica("chat-0")])
+    # A real server judges sent_at against its own clock: the report is sent now.
+    r = report(replicas=[replica("chat-0")], sent_at=datetime.now(UTC))
     answer = httpx.post(f"{server}/v1/agents/gpu-a/report", json=body(r), timeout=10)
     assert answer.status_code == 200 and answer.json()["node"] == "gpu-a"
     replicas = httpx.get(f"{server}/v1/replicas", timeout=10).json()
@@ -98,7 +100,7 @@ def test_console_in_a_real_browser_shows_replicas_as_they_arrive(server: str, co
             page.goto(console)
             page.get_by_text("No node has reported yet.").wait_for(timeout=30_000)
             # The page refreshes by itself: a report posted now shows up without a reload.
-            r = report(replicas=[replica("chat-0"), replica("chat-1")])
+            r = report(replicas=[replica("chat-0"), replica("chat-1")], sent_at=datetime.now(UTC))
             httpx.post(f"{server}/v1/agents/gpu-a/report", json=body(r), timeout=10).raise_for_status()
             page.get_by_text("Replica history").wait_for(timeout=30_000)
             # Streamlit keeps the previous run's elements until the new run replaces them.
