@@ -7,6 +7,8 @@ from datetime import timedelta
 from fastapi.testclient import TestClient
 
 from agent.wire import ReplicaState
+from controlplane.api.app import create_app
+from controlplane.config import ServerConfig
 from controlplane.policy import evaluate
 from controlplane.policy_files import DEFAULTS_DIR, load_directory
 from controlplane.remediation.snapshot import build_snapshot
@@ -41,8 +43,14 @@ def test_snapshot_carries_latest_state_and_history(client: TestClient, clock: Fa
     assert isinstance(evaluate(load_directory(DEFAULTS_DIR), snap, clock.now), list)
 
 
-def test_gpu_history_keeps_every_xid_the_ecc_count_and_throttle_reasons(client: TestClient,
+def test_gpu_history_keeps_every_xid_the_ecc_count_and_throttle_reasons(config: ServerConfig,
                                                                         clock: FakeClock) -> None:
+    # No jobs: the app's own policy round would cordon the node first, and a cordoned node proposes no cordon.
+    with TestClient(create_app(config, clock=clock, run_jobs=False)) as client:
+        _gpu_history_keeps_every_xid(client, clock)
+
+
+def _gpu_history_keeps_every_xid(client: TestClient, clock: FakeClock) -> None:
     from controlplane.remediation.history import SampleHistory
 
     readings = [{"xid_events_total": 0, "ecc_uncorrected_total": 0},
