@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from agent.plain_http import MAX_BODY_BYTES, BodyTooLarge
+from agent.plain_http import MAX_BODY_BYTES, BodyTooLarge, body_too_large, read_capped
 
 # Prometheus's default scrape timeout; it sends its own in X-Prometheus-Scrape-Timeout-Seconds.
 DEFAULT_TIMEOUT = 10.0
@@ -51,21 +51,15 @@ async def fetch_engine_metrics(client: httpx.AsyncClient, base_url: str, headers
     url = base_url.rstrip("/") + "/metrics"
     try:
         async with client.stream("GET", url, headers=forward, timeout=within) as response:
-            declared = response.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-                return _refusal(502, f"engine /metrics body of {declared} bytes is over {max_bytes}")
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > max_bytes:
-                    return _refusal(502, f"engine /metrics body is over {max_bytes} bytes")
-                chunks.append(chunk)
+            body = await read_capped(response, max_bytes)
             content_type = response.headers.get("content-type", "text/plain; version=0.0.4; charset=utf-8")
-            return Proxied(response.status_code, b"".join(chunks), content_type)
+            return Proxied(response.status_code, body, content_type)
+    except BodyTooLarge as exc:  # refused while read, by ``read_capped``
+        return _refusal(502, f"engine /metrics {exc}")
     except httpx.TimeoutException:
         return _refusal(503, f"engine at {base_url} did not answer /metrics within {within:.1f} s")
     except httpx.HTTPError as exc:
-        if isinstance(exc.__cause__, BodyTooLarge):  # the agent's own transport refused it while reading
-            return _refusal(502, f"engine /metrics {exc.__cause__}")
+        too_large = body_too_large(exc)  # or by the agent's own transport, before a chunk came back
+        if too_large is not None:
+            return _refusal(502, f"engine /metrics {too_large}")
         return _refusal(503, f"engine at {base_url} unreachable: {type(exc).__name__}")
