@@ -7,12 +7,14 @@ get back, and the alerts.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.wire import ReplicaState
+from tests.controlplane.fixtures import FakeClock
 from tests.remediation.fleet import GIB, SimAgent, SimReplica, fleet
 
 
@@ -269,16 +271,30 @@ def test_a_ttft_breach_pages_with_its_evidence_and_changes_no_engine(tmp_path: P
         assert alert["annotations"]["runbook_url"] == "runbooks/ttft-slo.md"
 
 
-def test_a_planned_restart_waits_for_yesterdays_quiet_hour_when_there_is_time(tmp_path: Path) -> None:
-    from datetime import timedelta
+# The fleet's clock starts at each of these: the hour's first and last minute, just before midnight (the
+# forecast reads yesterday across the day boundary), a month's and a year's end. Nothing in the planning may
+# depend on the wall clock or the date.
+EDGE_STARTS = [
+    datetime(2026, 11, 30, 7, 44, tzinfo=UTC),
+    datetime(2026, 11, 30, 8, 0, tzinfo=UTC),
+    datetime(2026, 11, 30, 8, 59, tzinfo=UTC),
+    datetime(2026, 11, 30, 0, 0, tzinfo=UTC),
+    datetime(2026, 11, 30, 23, 40, tzinfo=UTC),
+    datetime(2026, 12, 31, 23, 59, tzinfo=UTC),
+]
 
+
+@pytest.mark.parametrize("start_at", EDGE_STARTS, ids=lambda t: t.strftime("%m-%d_%H%M"))
+def test_a_planned_restart_waits_for_yesterdays_quiet_hour_when_there_is_time(tmp_path: Path,
+                                                                              start_at: datetime) -> None:
     from controlplane.store.db import make_engine, make_sessionmaker, session_scope
     from controlplane.store.models import Sample
 
     policies = _rss_leak_policy(tmp_path, limit_bytes=17179869184)
     agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
     # Only this policy: over the hour the default governor would also raise max-num-seqs on the quiet fleet.
-    with fleet(tmp_path, [agent], policy_dirs=[str(policies)], policy_defaults=False) as f:
+    with fleet(tmp_path, [agent], clock=FakeClock(start_at), policy_dirs=[str(policies)],
+               policy_defaults=False) as f:
         start = f.clock()
         sessions = make_sessionmaker(make_engine(f"sqlite:///{tmp_path / 'pitstop.db'}"))
         with session_scope(sessions) as session:  # yesterday: busy, but quiet 40-50 minutes after this hour
@@ -293,10 +309,11 @@ def test_a_planned_restart_waits_for_yesterdays_quiet_hour_when_there_is_time(tm
         [planned] = by_kind(f.actions(), "planned_restart")
         assert "quietest" in planned["params"]["schedule"]
         not_before = planned["params"]["not_before"]
-        assert str(start + timedelta(minutes=35)) < not_before.replace("T", " ") < str(start + timedelta(minutes=56))
+        assert start + timedelta(minutes=35) < datetime.fromisoformat(not_before) < start + timedelta(minutes=56)
         assert planned["state"] == "approved" and agent.replica("r0").generation == 1, "waiting for its slot"
         for _ in range(45):
             f.step(60, converge=True)
         done = f.action(planned["id"])
-        assert done["state"] == "succeeded" and done["started_at"] >= not_before.replace("+00:00", "Z")
+        assert done["state"] == "succeeded"
+        assert datetime.fromisoformat(done["started_at"]) >= datetime.fromisoformat(not_before)
         assert agent.replica("r0").generation == 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -24,6 +24,37 @@ def test_a_planned_restart_runs_at_once_without_time_or_history() -> None:
     assert plan_restart(T0, T0 + timedelta(minutes=5), [])[0] == T0
     when, why = plan_restart(T0, T0 + timedelta(hours=1), [])
     assert when == T0 and "no request-rate history" in why
+
+
+def _lull_at(now: datetime, minutes: range) -> list[tuple[datetime, float]]:
+    """Yesterday's rate each minute from 2 h before ``now`` to 3 h after: 10 req/s, 1 req/s in ``minutes``."""
+    base = now - timedelta(days=1)
+    return [(base + timedelta(minutes=m), 1.0 if m in minutes else 10.0) for m in range(-120, 180)]
+
+
+@pytest.mark.parametrize("now", [
+    datetime(2026, 11, 30, 8, 0, tzinfo=UTC),     # an hour's first minute
+    datetime(2026, 11, 30, 8, 59, tzinfo=UTC),    # its last: the lull is in the next clock hour
+    datetime(2026, 11, 30, 23, 50, tzinfo=UTC),   # the lull is after midnight, its history before it
+    datetime(2026, 11, 30, 23, 59, 59, tzinfo=UTC),
+    datetime(2026, 12, 31, 23, 45, tzinfo=UTC),   # a month's and a year's end
+    datetime(2027, 3, 1, 0, 0, tzinfo=UTC),       # yesterday is the last day of February
+], ids=lambda t: t.strftime("%Y%m%d_%H%M%S"))
+def test_the_quiet_slot_is_found_whatever_the_clock_or_the_date(now: datetime) -> None:
+    not_before, why = plan_restart(now, now + timedelta(hours=1), _lull_at(now, range(30, 36)))
+    assert now + timedelta(minutes=25) <= not_before <= now + timedelta(minutes=41), why
+    assert "quietest" in why
+
+
+def test_a_lull_right_now_runs_the_restart_now() -> None:
+    now = datetime(2026, 11, 30, 23, 59, tzinfo=UTC)
+    assert plan_restart(now, now + timedelta(hours=1), _lull_at(now, range(-3, 4)))[0] == now
+
+
+def test_a_lull_past_the_deadline_is_not_waited_for() -> None:
+    now = datetime(2026, 11, 30, 23, 30, tzinfo=UTC)
+    not_before, _ = plan_restart(now, now + timedelta(minutes=30), _lull_at(now, range(50, 60)))
+    assert not_before <= now + timedelta(minutes=30)
 
 
 def test_the_deadline_comes_before_projected_exhaustion() -> None:
