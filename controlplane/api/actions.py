@@ -1,4 +1,4 @@
-"""Operator actions: act on a replica or a node, list and get actions, approve or reject proposed ones.
+"""Operator actions: act on a replica, a node or a model, list and get actions, approve or reject proposed ones.
 
 Every request becomes an action record through the guardrails (``remediation.operator``); an approved one is
 applied at once by the executor (the leader's executor job would pick it up otherwise), and every write here
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from controlplane import audit
@@ -22,17 +23,19 @@ from controlplane.api.context import (
     client_address,
     require_reader,
 )
+from controlplane.policy.guardrails import GuardConfig
 from controlplane.policy.kinds import spec
 from controlplane.policy.lifecycle import ActionState
-from controlplane.remediation import records
+from controlplane.remediation import operator, records
 from controlplane.remediation.executor import apply_action
 from controlplane.remediation.operator import (
+    Conflict,
+    ModelActionRequest,
     NodeActionRequest,
     NotFound,
     ReplicaActionRequest,
-    propose_node_action,
-    propose_replica_action,
 )
+from controlplane.remediation.preview import ActionPreview
 from controlplane.remediation.records import ActionOut, AnyActionOut
 from controlplane.security.roles import Principal, Role, role_allows
 from controlplane.store.db import session_scope
@@ -41,6 +44,12 @@ from controlplane.store.models import ActionRow
 router = APIRouter(prefix="/v1", tags=["actions"])
 
 StateFilter = Annotated[ActionState | None, Query()]
+# ``?dry_run=true``: what the guardrails would decide now and the blast radius, as a 200; nothing is recorded.
+DryRun = Annotated[bool, Query(description="preview the guardrails' decision and blast radius; record nothing")]
+_ACT_RESPONSES: dict[int | str, dict[str, object]] = {
+    200: {"model": ActionPreview, "description": "dry run: the decision and blast radius, nothing recorded"},
+    403: {"description": "role too low, or force without admin"},
+}
 
 
 def _check_force(who: Principal, force: bool) -> None:
@@ -72,42 +81,59 @@ async def _finish(ctx: AppContext, row: ActionRow, request: Request, who: Princi
     return out or records.action_out(row)
 
 
-@router.post("/replicas/{node}/{name}/actions", response_model=ActionOut, status_code=201,
-             summary="Restart, drain or set engine flags of one replica (through the guardrails)",
-             responses={403: {"description": "role too low, or force without admin"},
-                        404: {"description": "no such replica"}})
-async def act_on_replica(node: str, name: str, body: ReplicaActionRequest, request: Request, ctx: Ctx,
-                         who: Operator) -> AnyActionOut:
-    _check_kind(who, body.kind)
-    _check_force(who, body.force)
+def _guard_config(ctx: AppContext) -> GuardConfig:
+    """The server's configured guardrails: an operator's request is judged by the same ones as a policy's."""
+    return GuardConfig.model_validate(ctx.config.guardrails)
 
-    def propose() -> ActionRow:
+
+async def _act(ctx: AppContext, request: Request, who: Principal, kind: str, force: bool, dry_run: bool,
+               act: operator.Act) -> AnyActionOut | JSONResponse:
+    _check_kind(who, kind)
+    _check_force(who, force)
+
+    def run() -> ActionRow | ActionPreview:
         with session_scope(ctx.sessions) as session:
-            return propose_replica_action(session=session, node=node, name=name, request=body, who=who.name,
-                                          now=ctx.clock())
+            return act(session, ctx.clock(), _guard_config(ctx), dry_run)
     try:
-        row = await run_in_threadpool(propose)
+        got = await run_in_threadpool(run)
     except NotFound as exc:
         raise HTTPException(404, str(exc)) from exc
-    return await _finish(ctx, row, request, who, body.force)
+    except Conflict as exc:
+        raise HTTPException(409, str(exc)) from exc
+    if isinstance(got, ActionPreview):
+        return JSONResponse(got.model_dump(mode="json"), status_code=200)
+    return await _finish(ctx, got, request, who, force)
+
+
+@router.post("/replicas/{node}/{name}/actions", response_model=ActionOut, status_code=201,
+             summary="Restart, drain or set engine flags of one replica (through the guardrails)",
+             responses={**_ACT_RESPONSES, 404: {"description": "no such replica"}})
+async def act_on_replica(node: str, name: str, body: ReplicaActionRequest, request: Request, ctx: Ctx,
+                         who: Operator, dry_run: DryRun = False) -> AnyActionOut | JSONResponse:
+    return await _act(ctx, request, who, body.kind, body.force, dry_run, lambda session, now, config, dry: (
+        operator.act_on_replica(session=session, node=node, name=name, request=body, who=who.name, now=now,
+                                config=config, dry_run=dry)))
 
 
 @router.post("/nodes/{node}/actions", response_model=ActionOut, status_code=201,
              summary="Cordon or uncordon a node, or one of its GPUs with `gpu` (through the guardrails)",
-             responses={403: {"description": "role too low, or force without admin"},
-                        404: {"description": "no such node"}})
-async def act_on_node(node: str, body: NodeActionRequest, request: Request, ctx: Ctx, who: Operator) -> AnyActionOut:
-    _check_kind(who, body.kind)
-    _check_force(who, body.force)
+             responses={**_ACT_RESPONSES, 404: {"description": "no such node"}})
+async def act_on_node(node: str, body: NodeActionRequest, request: Request, ctx: Ctx, who: Operator,
+                      dry_run: DryRun = False) -> AnyActionOut | JSONResponse:
+    return await _act(ctx, request, who, body.kind, body.force, dry_run, lambda session, now, config, dry: (
+        operator.act_on_node(session=session, node=node, request=body, who=who.name, now=now, config=config,
+                             dry_run=dry)))
 
-    def propose() -> ActionRow:
-        with session_scope(ctx.sessions) as session:
-            return propose_node_action(session=session, node=node, request=body, who=who.name, now=ctx.clock())
-    try:
-        row = await run_in_threadpool(propose)
-    except NotFound as exc:
-        raise HTTPException(404, str(exc)) from exc
-    return await _finish(ctx, row, request, who, body.force)
+
+@router.post("/models/{model}/actions", response_model=ActionOut, status_code=201,
+             summary="Rolling restart of every managed replica of a model, batch by batch (through the guardrails)",
+             responses={**_ACT_RESPONSES, 404: {"description": "no managed replica of that model"},
+                        409: {"description": "a rolling restart of the model is already open"}})
+async def act_on_model(model: str, body: ModelActionRequest, request: Request, ctx: Ctx, who: Operator,
+                       dry_run: DryRun = False) -> AnyActionOut | JSONResponse:
+    return await _act(ctx, request, who, body.kind, body.force, dry_run, lambda session, now, config, dry: (
+        operator.act_on_model(session=session, model=model, request=body, who=who.name, now=now, config=config,
+                              dry_run=dry)))
 
 
 @router.get("/actions", response_model=list[ActionOut], dependencies=[Depends(require_reader)],

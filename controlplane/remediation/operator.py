@@ -1,4 +1,6 @@
-"""An operator's request to act (restart, drain, set engine flags, cordon, uncordon) as an action record.
+"""An operator's request to act (restart, drain, set engine flags, cordon, uncordon, a model's rolling restart) as
+an action record, or, with ``dry_run``, a preview of what the guardrails would decide and its blast radius
+(``remediation.preview``), with nothing recorded.
 
 The request goes through the same guardrails as an automatic action (``guardrails.decide``), as the
 pseudo-policy ``operator`` with the default per-policy guardrails, each kind as itself (``policy.kinds``): it
@@ -9,16 +11,26 @@ audit log.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.policy.guardrails import Decision, GuardConfig, Verdict, decide
-from controlplane.policy.lifecycle import ActionState
-from controlplane.policy.payloads import CordonPayload, DrainPayload, Payload, RestartPayload, SetFlagsPayload
+from controlplane.policy.lifecycle import OPEN, ActionState
+from controlplane.policy.payloads import (
+    CordonPayload,
+    DrainPayload,
+    Payload,
+    RestartPayload,
+    RollingRestartPayload,
+    SetFlagsPayload,
+)
 from controlplane.policy.proposals import ProposedAction, Target
+from controlplane.remediation.preview import ActionPreview, preview
 from controlplane.remediation.records import guard_state, record_decision, state_for
 from controlplane.remediation.snapshot import build_snapshot
 from controlplane.store.models import ActionRow, Node, Replica
@@ -50,14 +62,24 @@ class NodeActionRequest(BaseModel):
     force: bool = False
 
 
+class ModelActionRequest(BaseModel):
+    kind: Literal["rolling_restart"]
+    # Replicas restarted at a time; the rollout starts the next batch only within the model's disruption budget.
+    batch_size: int = Field(default=1, ge=1, le=1024)
+    reason: str = Field(default="", max_length=2000)
+    force: bool = False
+
+
+# (session, now, guardrails, dry run) -> the recorded row, or the preview: what an API handler runs.
+Act = Callable[[Session, datetime, GuardConfig, bool], "ActionRow | ActionPreview"]
+
+
 class NotFound(LookupError):
     pass
 
 
-def _decide(session: Session, proposal: ProposedAction, now: datetime, config: GuardConfig,
-            model: str | None) -> Decision:
-    snapshot = build_snapshot(session=session, now=now, history=_NO_HISTORY, model=model or "")
-    return decide([proposal], guard_state(session=session, now=now), snapshot, now, {}, config).decisions[0]
+class Conflict(RuntimeError):
+    """The same action on the same target is already open: a second one would fight the first."""
 
 
 def _store(session: Session, decision: Decision, who: str, force: bool, now: datetime) -> ActionRow:
@@ -70,8 +92,24 @@ def _store(session: Session, decision: Decision, who: str, force: bool, now: dat
                            approved_by=who)
 
 
-def propose_replica_action(*, session: Session, node: str, name: str, request: ReplicaActionRequest,
-                           who: str, now: datetime, config: GuardConfig | None = None) -> ActionRow:
+def _act(session: Session, proposal: ProposedAction, who: str, force: bool, now: datetime,
+         config: GuardConfig | None, dry_run: bool) -> ActionRow | ActionPreview:
+    config = config or GuardConfig()
+    if dry_run:
+        # A node's fence drains replicas of any model: its blast radius needs them all.
+        model = proposal.model if proposal.target.kind in ("replica", "model") else None
+        snapshot = build_snapshot(session=session, now=now, history=_NO_HISTORY, model=model)
+        state = guard_state(session=session, now=now)
+        decision = decide([proposal], state, snapshot, now, {}, config).decisions[0]
+        return preview(decision, snapshot, state, config, force=force)
+    # The guardrails need only the model's replicas (a fence is judged by no budget).
+    snapshot = build_snapshot(session=session, now=now, history=_NO_HISTORY, model=proposal.model or "")
+    decision = decide([proposal], guard_state(session=session, now=now), snapshot, now, {}, config).decisions[0]
+    return _store(session, decision, who, force, now)
+
+
+def replica_proposal(*, session: Session, node: str, name: str, request: ReplicaActionRequest,
+                     who: str) -> ProposedAction:
     replica = session.get(Replica, (node, name))
     if replica is None:
         raise NotFound(f"no replica {name!r} on node {node!r}")
@@ -82,17 +120,35 @@ def propose_replica_action(*, session: Session, node: str, name: str, request: R
         payload = SetFlagsPayload(engine_args={key: list(request.engine_args)})
     else:
         payload = DrainPayload() if request.kind == "drain" else RestartPayload()
-    proposal = ProposedAction(
+    return ProposedAction(
         policy=OPERATOR_POLICY, target=Target(kind="replica", node=node, replica=name, model=replica.model),
         payload=payload, replicas=[key], model=replica.model,
         reason=request.reason or f"{request.kind} requested by {who}",
     )
-    decision = _decide(session, proposal, now, config or GuardConfig(), replica.model)
-    return _store(session, decision, who, request.force, now)
 
 
-def propose_node_action(*, session: Session, node: str, request: NodeActionRequest, who: str, now: datetime,
-                        config: GuardConfig | None = None) -> ActionRow:
+def model_proposal(*, session: Session, model: str, request: ModelActionRequest, who: str) -> ProposedAction:
+    """A rolling restart of every managed replica of ``model``, in the order the store lists them."""
+    rows = session.execute(select(Replica.node, Replica.name, Replica.managed).where(Replica.model == model)
+                           .order_by(Replica.node, Replica.name)).all()
+    if not rows:
+        raise NotFound(f"no replica serves model {model!r}")
+    members = [f"{node}/{name}" for node, name, managed in rows if managed]
+    if not members:
+        raise NotFound(f"no replica of model {model!r} is managed by Pitstop: attached engines restart by hand")
+    target = Target(kind="model", model=model)
+    open_row = session.scalars(select(ActionRow).where(
+        ActionRow.kind == request.kind, ActionRow.target == target.key,
+        ActionRow.state.in_([s.value for s in OPEN])).order_by(ActionRow.id).limit(1)).first()
+    if open_row is not None:
+        raise Conflict(f"a {request.kind.replace('_', ' ')} of {model} is already {open_row.state} "
+                       f"(action {open_row.id})")
+    return ProposedAction(policy=OPERATOR_POLICY, target=target,
+                          payload=RollingRestartPayload(batch_size=request.batch_size), replicas=members,
+                          model=model, reason=request.reason or f"rolling restart of {model} requested by {who}")
+
+
+def node_proposal(*, session: Session, node: str, request: NodeActionRequest, who: str) -> ProposedAction:
     if session.get(Node, node) is None:
         raise NotFound(f"no node named {node!r}")
     # Policies never propose an uncordon: giving a fenced GPU or node back is an operator's call, and the
@@ -103,7 +159,45 @@ def propose_node_action(*, session: Session, node: str, request: NodeActionReque
         target = Target(kind="gpu", node=node, gpu=request.gpu)
         payload = CordonPayload(kind=request.kind, scope="gpu", gpu=request.gpu)
     what = request.kind if request.gpu is None else f"{request.kind} of GPU {request.gpu}"
-    proposal = ProposedAction(policy=OPERATOR_POLICY, target=target, payload=payload,
-                              reason=request.reason or f"{what} requested by {who}")
-    decision = _decide(session, proposal, now, config or GuardConfig(), None)
-    return _store(session, decision, who, request.force, now)
+    return ProposedAction(policy=OPERATOR_POLICY, target=target, payload=payload,
+                          reason=request.reason or f"{what} requested by {who}")
+
+
+def act_on_replica(*, session: Session, node: str, name: str, request: ReplicaActionRequest, who: str,
+                   now: datetime, config: GuardConfig | None = None,
+                   dry_run: bool = False) -> ActionRow | ActionPreview:
+    proposal = replica_proposal(session=session, node=node, name=name, request=request, who=who)
+    return _act(session, proposal, who, request.force, now, config, dry_run)
+
+
+def act_on_model(*, session: Session, model: str, request: ModelActionRequest, who: str, now: datetime,
+                 config: GuardConfig | None = None, dry_run: bool = False) -> ActionRow | ActionPreview:
+    proposal = model_proposal(session=session, model=model, request=request, who=who)
+    return _act(session, proposal, who, request.force, now, config, dry_run)
+
+
+def act_on_node(*, session: Session, node: str, request: NodeActionRequest, who: str, now: datetime,
+                config: GuardConfig | None = None, dry_run: bool = False) -> ActionRow | ActionPreview:
+    proposal = node_proposal(session=session, node=node, request=request, who=who)
+    return _act(session, proposal, who, request.force, now, config, dry_run)
+
+
+def propose_replica_action(*, session: Session, node: str, name: str, request: ReplicaActionRequest,
+                           who: str, now: datetime, config: GuardConfig | None = None) -> ActionRow:
+    row = act_on_replica(session=session, node=node, name=name, request=request, who=who, now=now, config=config)
+    assert isinstance(row, ActionRow)
+    return row
+
+
+def propose_node_action(*, session: Session, node: str, request: NodeActionRequest, who: str, now: datetime,
+                        config: GuardConfig | None = None) -> ActionRow:
+    row = act_on_node(session=session, node=node, request=request, who=who, now=now, config=config)
+    assert isinstance(row, ActionRow)
+    return row
+
+
+def propose_model_action(*, session: Session, model: str, request: ModelActionRequest, who: str, now: datetime,
+                         config: GuardConfig | None = None) -> ActionRow:
+    row = act_on_model(session=session, model=model, request=request, who=who, now=now, config=config)
+    assert isinstance(row, ActionRow)
+    return row

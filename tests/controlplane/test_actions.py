@@ -85,6 +85,37 @@ def test_set_flags_drain_and_failure(c: TestClient, clock: FakeClock) -> None:
     assert "FATAL" in c.get(f"/v1/actions/{flags['id']}", headers=OPS).json()["outcome"]
 
 
+def test_a_models_rolling_restart_goes_one_replica_at_a_time_within_the_budget(c: TestClient) -> None:
+    send(c, 1, replica("r0"), replica("r1"), replica("r2"))
+    assert c.post("/v1/models/nope/actions", json={"kind": "rolling_restart"}, headers=OPS).status_code == 404
+    assert c.post("/v1/models/tiny-llama/actions", json={"kind": "rolling_restart"},
+                  headers={"Authorization": "Bearer look"}).status_code == 403
+    made = c.post("/v1/models/tiny-llama/actions", json={"kind": "rolling_restart", "reason": "new driver"},
+                  headers=OPS)
+    assert made.status_code == 201
+    action = made.json()
+    assert (action["kind"], action["state"], action["target"]) == ("rolling_restart", "running", "model:tiny-llama")
+    assert action["replicas"] == ["gpu-a/r0", "gpu-a/r1", "gpu-a/r2"]
+
+    def generations(seq: int, *replicas: object) -> dict[str, int]:
+        return {s["name"]: s["generation"] for s in send(c, seq, *replicas)["replicas"]}
+
+    reconcile_now(c)  # the first batch starts
+    assert generations(2, replica("r0"), replica("r1"), replica("r2")) == {"r0": 2}
+    reconcile_now(c)  # r0 not back yet: nothing else moves
+    assert generations(3, at_generation("r0", 2, ReplicaState.WARMING), replica("r1"), replica("r2")) == {"r0": 2}
+    reconcile_now(c)
+    assert generations(4, at_generation("r0", 2), replica("r1"), replica("r2")) == {"r0": 2}
+    reconcile_now(c)
+    assert generations(5, at_generation("r0", 2), replica("r1"), replica("r2")) == {"r0": 2, "r1": 2}
+    send(c, 6, at_generation("r0", 2), at_generation("r1", 2), replica("r2"))
+    reconcile_now(c)
+    send(c, 7, at_generation("r0", 2), at_generation("r1", 2), at_generation("r2", 2))
+    assert reconcile_now(c) == {action["id"]: "succeeded"}
+    audit = c.get("/v1/audit", headers=ADMIN).json()
+    assert [a["what"] for a in audit] == ["action.rolling_restart"]
+
+
 def test_running_action_fails_after_its_deadline(c: TestClient, clock: FakeClock) -> None:
     send(c, 1, replica("r0"), replica("r1"))
     action = c.post("/v1/replicas/gpu-a/r0/actions", json={"kind": "restart"}, headers=OPS).json()

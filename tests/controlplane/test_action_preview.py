@@ -1,0 +1,102 @@
+"""``?dry_run=true`` on every operator action: the guardrails' decision and the blast radius, nothing recorded."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from agent.wire import ReplicaState
+from controlplane.api.app import create_app
+from controlplane.config import ServerConfig
+from tests.controlplane.fixtures import FakeClock, body, replica, report
+
+OPS = {"Authorization": "Bearer ops"}
+ADMIN = {"Authorization": "Bearer root"}
+AGENT = {"Authorization": "Bearer agent"}
+VIEWER = {"Authorization": "Bearer look"}
+
+
+@pytest.fixture
+def c(db_url: str, clock: FakeClock) -> Iterator[TestClient]:
+    # The configured budget (2 READY of any model) is the one an operator's request is judged by.
+    config = ServerConfig(database_url=db_url, operator_tokens=["ops"], admin_tokens=["root"],
+                          agent_tokens=["agent"], viewer_tokens=["look"],
+                          guardrails={"budget": {"min_ready": 2, "min_ready_ratio": 0.5}})
+    with TestClient(create_app(config, clock=clock, run_jobs=False)) as client:
+        yield client
+
+
+def send(c: TestClient, seq: int, *replicas: object, node: str = "gpu-a") -> None:
+    r = report(node, sequence=seq, replicas=list(replicas))  # type: ignore[arg-type]
+    assert c.post(f"/v1/agents/{node}/report", json=body(r), headers=AGENT).status_code == 200
+
+
+def preview(c: TestClient, path: str, payload: dict[str, Any], headers: dict[str, str] = OPS) -> dict[str, Any]:
+    got = c.post(path, params={"dry_run": "true"}, json=payload, headers=headers)
+    assert got.status_code == 200, got.text
+    out: dict[str, Any] = got.json()
+    return out
+
+
+def test_a_dry_run_shows_what_a_restart_takes_out_and_records_nothing(c: TestClient) -> None:
+    send(c, 1, replica("r0"), replica("r1"), replica("r2"))
+    seen = preview(c, "/v1/replicas/gpu-a/r1/actions", {"kind": "restart"})
+    assert seen["verdict"] == "allowed" and seen["state"] == "approved"
+    assert seen["summary"] == "restarts 1 of 3 READY replicas of tiny-llama; 2 stay serving"
+    assert seen["impact"] == [{"model": "tiny-llama", "replicas": 3, "ready": 3, "out_at_once": 1,
+                               "stay_serving": 2, "floor": 2}]
+    assert c.get("/v1/actions", headers=OPS).json() == []
+    assert c.get("/v1/audit", headers=ADMIN).json() == []
+    assert c.get("/v1/desired", headers=OPS).json() == []
+
+
+def test_a_dry_run_says_when_the_budget_would_hold_the_action(c: TestClient) -> None:
+    send(c, 1, replica("r0"), replica("r1"), replica("r2", state=ReplicaState.STARTING))
+    seen = preview(c, "/v1/replicas/gpu-a/r0/actions", {"kind": "drain"})
+    assert (seen["verdict"], seen["guardrail"], seen["state"]) == ("suppressed", "disruption_budget", "suppressed")
+    assert seen["summary"].startswith("held by the disruption budget: tiny-llama: 1 of 3 replicas would stay READY")
+    assert seen["summary"].endswith("otherwise it drains 1 of 2 READY replicas of tiny-llama; 1 stay serving")
+    # An admin's force would bypass it: the preview says it would be recorded as approved.
+    forced = preview(c, "/v1/replicas/gpu-a/r0/actions", {"kind": "drain", "force": True}, ADMIN)
+    assert forced["forced"] is True and forced["state"] == "approved" and "with force it drains" in forced["summary"]
+    # The real request is held exactly as previewed.
+    held = c.post("/v1/replicas/gpu-a/r0/actions", json={"kind": "drain"}, headers=OPS).json()
+    assert held["state"] == "suppressed" and "budget needs 2" in held["guardrails"][0]["reason"]
+
+
+def test_a_models_rolling_restart_previews_its_batches_and_refuses_a_second_one(c: TestClient) -> None:
+    send(c, 1, replica("r0"), replica("r1"), replica("r2"))
+    seen = preview(c, "/v1/models/tiny-llama/actions", {"kind": "rolling_restart"})
+    assert seen["replicas"] == ["gpu-a/r0", "gpu-a/r1", "gpu-a/r2"]
+    assert seen["summary"] == "restarts 3 replicas of tiny-llama, 1 at a time; 2 of 3 stay serving throughout"
+    first = c.post("/v1/models/tiny-llama/actions", json={"kind": "rolling_restart"}, headers=OPS)
+    assert first.status_code == 201
+    again = c.post("/v1/models/tiny-llama/actions", json={"kind": "rolling_restart"}, headers=OPS)
+    assert again.status_code == 409
+    assert f"already running (action {first.json()['id']})" in again.json()["detail"]
+    assert c.post("/v1/models/tiny-llama/actions", params={"dry_run": "true"}, json={"kind": "rolling_restart"},
+                  headers=OPS).status_code == 409
+
+
+def test_a_node_cordon_preview_counts_every_model_it_drains(c: TestClient) -> None:
+    send(c, 1, replica("r0"), replica("r1", model="mistral-7b"))
+    send(c, 1, replica("r2"), replica("r3", model="mistral-7b"), node="gpu-b")
+    seen = preview(c, "/v1/nodes/gpu-a/actions", {"kind": "cordon"})
+    assert seen["replicas"] == ["gpu-a/r0", "gpu-a/r1"]
+    assert seen["summary"] == ("fences gpu-a and drains 2 replicas (mistral-7b: 1 of 2 stay serving; "
+                               "tiny-llama: 1 of 2 stay serving)")
+    back = preview(c, "/v1/nodes/gpu-a/actions", {"kind": "uncordon"})
+    assert back["summary"] == "gives gpu-a back to the scheduler; nothing stops"
+
+
+def test_a_viewer_gets_no_preview_and_unknown_targets_are_404(c: TestClient) -> None:
+    send(c, 1, replica("r0"))
+    assert c.post("/v1/replicas/gpu-a/r0/actions", params={"dry_run": "true"}, json={"kind": "restart"},
+                  headers=VIEWER).status_code == 403
+    assert c.post("/v1/models/nope/actions", params={"dry_run": "true"}, json={"kind": "rolling_restart"},
+                  headers=OPS).status_code == 404
+    assert c.post("/v1/replicas/gpu-a/zz/actions", params={"dry_run": "true"}, json={"kind": "restart"},
+                  headers=OPS).status_code == 404
