@@ -1,0 +1,122 @@
+"""The fleet at a glance, per model: SLO status against the policies' targets, replicas by state, throughput.
+
+Pure. ``summarise`` takes the latest replica rows (as ``ReplicaOut``) and the loaded policies and returns what
+the console's Fleet page and ``pitstop status`` show first. The SLO targets are the thresholds of the policies
+that watch them (``ttft-slo``, ``itl-slo``, ``error-rate`` as shipped, or whatever policies an operator loaded
+on the same signals), so the colour on the page and the policy that acts agree. A model's latency is its
+worst READY replica's p99 (on-call looks for the replica in trouble, not an average that hides it); its error
+ratio is errors over requests summed over its replicas.
+
+Status: ``red`` over the target, ``amber`` within ``AMBER_SHARE`` of it, ``green`` below, ``unknown`` with no
+reading (an idle model has no ITL) or no policy to give a target.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
+from typing import Literal
+
+from pydantic import BaseModel
+
+from controlplane.fleet.schemas import NodeStatus, ReplicaOut
+from controlplane.policy.conditions import ErrorRateCondition, ThresholdCondition
+from controlplane.policy.policy import Policy
+
+Status = Literal["green", "amber", "red", "unknown"]
+# Above this share of the target a reading is amber: close enough to the line to look at.
+AMBER_SHARE = 0.8
+_RANK: dict[Status, int] = {"unknown": 0, "green": 1, "amber": 2, "red": 3}
+# (objective, the replica signal it reads) for the latency SLOs.
+LATENCY_OBJECTIVES = (("ttft_p99", "ttft_p99_seconds"), ("itl_p99", "itl_p99_seconds"))
+
+
+class Objective(BaseModel):
+    name: str
+    value: float | None
+    target: float | None
+    # The policy whose threshold is the target: what acts when the status turns red.
+    policy: str | None
+    status: Status
+
+
+class ModelSummary(BaseModel):
+    model: str
+    replicas: int
+    ready: int
+    by_state: dict[str, int]
+    tokens_per_second: float | None
+    requests_per_second: float | None
+    objectives: list[Objective]
+    # The worst of its objectives.
+    status: Status
+
+
+def status_of(value: float | None, target: float | None) -> Status:
+    if value is None or target is None:
+        return "unknown"
+    if value > target:
+        return "red"
+    return "amber" if value > AMBER_SHARE * target else "green"
+
+
+def worst(statuses: Sequence[Status]) -> Status:
+    return max(statuses, key=lambda s: _RANK[s], default="unknown")
+
+
+def _applies(policy: Policy, model: str) -> bool:
+    return policy.enabled and (not policy.scope.models or any(fnmatchcase(model, p) for p in policy.scope.models))
+
+
+def latency_target(policies: Sequence[Policy], model: str, signal: str) -> tuple[float | None, str | None]:
+    """The lowest upper bound any enabled policy of ``model`` puts on ``signal``: the line it acts on."""
+    bounds = [(p.condition.threshold, p.name) for p in policies if _applies(p, model)
+              and isinstance(p.condition, ThresholdCondition) and p.condition.signal == signal
+              and p.condition.op in (">", ">=")]
+    return min(bounds, default=(None, None))
+
+
+def error_target(policies: Sequence[Policy], model: str) -> tuple[float | None, str | None]:
+    bounds = [(p.condition.threshold, p.name) for p in policies if _applies(p, model)
+              and isinstance(p.condition, ErrorRateCondition)]
+    return min(bounds, default=(None, None))
+
+
+def _sum(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def serving(r: ReplicaOut) -> bool:
+    """READY as its agent last said, and that agent is still reporting (a stale node's word is old news)."""
+    return r.ready and r.state == "READY" and r.node_status == NodeStatus.UP
+
+
+def summarise_model(model: str, replicas: Sequence[ReplicaOut], policies: Sequence[Policy]) -> ModelSummary:
+    up = [r for r in replicas if serving(r) and r.engine is not None]
+    objectives = []
+    for name, signal in LATENCY_OBJECTIVES:
+        readings = [v for r in up if (v := getattr(r.engine, signal)) is not None]
+        target, policy = latency_target(policies, model, signal)
+        value = max(readings) if readings else None
+        objectives.append(Objective(name=name, value=value, target=target, policy=policy,
+                                    status=status_of(value, target)))
+    requests = _sum([r.engine.requests_per_second for r in up if r.engine is not None])
+    errors = _sum([r.engine.errors_per_second for r in up if r.engine is not None])
+    ratio = errors / requests if errors is not None and requests else None
+    target, policy = error_target(policies, model)
+    objectives.append(Objective(name="error_ratio", value=ratio, target=target, policy=policy,
+                                status=status_of(ratio, target)))
+    return ModelSummary(
+        model=model, replicas=len(replicas), ready=sum(1 for r in replicas if serving(r)),
+        by_state=dict(sorted(Counter(r.state for r in replicas).items())),
+        tokens_per_second=_sum([r.engine.generation_tokens_per_second for r in up if r.engine is not None]),
+        requests_per_second=requests, objectives=objectives, status=worst([o.status for o in objectives]))
+
+
+def summarise(replicas: Sequence[ReplicaOut], policies: Sequence[Policy]) -> list[ModelSummary]:
+    by_model: dict[str, list[ReplicaOut]] = {}
+    for r in replicas:
+        by_model.setdefault(r.model, []).append(r)
+    return [summarise_model(m, rs, policies) for m, rs in sorted(by_model.items())]
