@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pitstop policy", description="Remediation policies: check and explain.")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate policy files (errors as FILE:LINE: field: message)")
-    check.add_argument("files", nargs="+", type=Path, help="policy YAML files or directories of them")
+    check.add_argument("files", nargs="*", type=Path, default=[DEFAULTS_DIR],
+                       help="policy YAML files or directories of them (default: the shipped defaults)")
     exp = sub.add_parser("explain", help="what each policy would do now (on the live fleet, or for a snapshot), "
                          "with guardrail decisions")
     exp.add_argument("--snapshot", type=Path,

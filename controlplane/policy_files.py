@@ -8,13 +8,15 @@ the path in as the file name.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from importlib import resources
 from pathlib import Path
 
 from controlplane.policy.loader import PolicyError, PolicyLoadError, parse_policies
 from controlplane.policy.policy import Policy
 
-# The shipped policies stay inside the policy package, next to the code that parses them.
-DEFAULTS_DIR = Path(__file__).with_name("policy") / "defaults"
+# The shipped policies stay inside the policy package, next to the code that parses them, and ship as its package
+# data: found the same way from a checkout and from an installed wheel, whatever the current directory.
+DEFAULTS_DIR = Path(str(resources.files("controlplane.policy") / "defaults"))
 
 
 def load_files(paths: Iterable[Path]) -> list[Policy]:

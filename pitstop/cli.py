@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "sim": ("enginesim.cli", "main", "vLLM-compatible engine simulator: 'pitstop sim serve MODEL [vllm flags]'"),
     "policy": ("controlplane.policy_cli", "main", "check remediation policy files, explain what they would do"),
     "dashboards": ("pitstop.dashboards", "main", "push the Grafana dashboards through Grafana's HTTP API"),
+    "files": ("pitstop.files", "main", "where the shipped dashboards, alert rules, runbooks and policies are"),
     "demo": ("pitstop.demo", "main", "control plane + agent + three simulated replicas + console + load"),
 }
 

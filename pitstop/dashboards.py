@@ -1,5 +1,7 @@
 """``pitstop dashboards push``: upload the Grafana dashboards in ``dashboards/`` through Grafana's HTTP API.
 
+The dashboards are the ones Pitstop ships (``pitstop.share``), found from any directory; ``--dir`` pushes others.
+
 Each dashboard JSON is posted to ``/api/dashboards/db`` with ``overwrite: true`` into one folder (created when
 missing), so pushing again replaces the dashboards by uid instead of duplicating them. The dashboards select
 their Prometheus data source through a ``${datasource}`` variable, so the same files work on any Grafana.
@@ -24,9 +26,9 @@ from typing import Any, Protocol
 
 import httpx
 
-from pitstop import __version__
+from pitstop import __version__, share
+from pitstop.share import MissingShareError
 
-DEFAULT_DIR = Path(__file__).resolve().parents[1] / "dashboards"
 DEFAULT_FOLDER = "Pitstop"
 GENERAL_FOLDER = "General"  # Grafana's root: no folder uid
 # GET /api/folders answers a page at a time (Grafana's own default and maximum page size).
@@ -249,7 +251,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="service-account or API token (env GRAFANA_TOKEN)")
     p.add_argument("--folder", default=DEFAULT_FOLDER, help=f"folder title (default {DEFAULT_FOLDER}; "
                    f"'{GENERAL_FOLDER}' for none)")
-    p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="directory of dashboard JSON files")
+    p.add_argument("--dir", type=Path, help="directory of dashboard JSON files (default: the shipped dashboards)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     return parser
 
@@ -260,10 +262,10 @@ def main(argv: Sequence[str]) -> int:
         print("pitstop dashboards: error: --grafana-url (or GRAFANA_URL) is required", file=sys.stderr)
         return 2
     try:
-        boards = load_dashboards(args.dir)
+        boards = load_dashboards(args.dir or share.folder("dashboards"))
         with connect(args.grafana_url, args.token, args.timeout) as api:
             results = push(api, boards, args.folder)
-    except (DashboardFileError, GrafanaUrlError, httpx.InvalidURL) as exc:
+    except (DashboardFileError, MissingShareError, GrafanaUrlError, httpx.InvalidURL) as exc:
         print(f"pitstop dashboards: error: {exc}", file=sys.stderr)
         return 2
     except GrafanaError as exc:

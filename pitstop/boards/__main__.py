@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pitstop.boards import build, dump
-from pitstop.boards.inputs import ROOT, RULES, InputError, load
+from pitstop.boards.inputs import RULES, InputError, load
+from pitstop.share import folder
 
-DEFAULT_DIR = ROOT / "dashboards"
+DEFAULT_DIR = folder("dashboards")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

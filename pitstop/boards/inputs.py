@@ -17,9 +17,9 @@ import yaml
 
 from controlplane.policy.conditions import ErrorRateCondition, ThresholdCondition
 from controlplane.policy.policy import Policy
+from pitstop.share import folder
 
-ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "alerts" / "pitstop-rules.yml"
+RULES = folder("alerts") / "pitstop-rules.yml"
 TTFT_POLICY, ITL_POLICY, ERROR_POLICY = "ttft-slo", "itl-slo", "error-rate"
 
 
