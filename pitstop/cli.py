@@ -21,6 +21,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "dashboards": ("pitstop.dashboards", "main", "push the Grafana dashboards through Grafana's HTTP API"),
     "files": ("pitstop.files", "main", "where the shipped dashboards, alert rules, runbooks and policies are"),
     "demo": ("pitstop.demo", "main", "control plane + agent + three simulated replicas + console + load"),
+    # On-call's terminal: the console's reads and safe actions through the API (token: PITSTOP_TOKEN).
+    "status": ("pitstop.opscli", "status_main", "the fleet at a glance: SLO status per model, nodes, automation"),
+    "replicas": ("pitstop.opscli", "replicas_main", "replicas with latency, queue, KV cache, memory [--model M]"),
+    "actions": ("pitstop.opscli", "actions_main", "what Pitstop and operators did, with outcomes [--follow]"),
+    "restart": ("pitstop.opscli", "restart_main", "restart NODE/REPLICA through the guardrails [--dry-run]"),
+    "drain": ("pitstop.opscli", "drain_main", "drain and stop NODE/REPLICA through the guardrails [--dry-run]"),
+    "rollout": ("pitstop.opscli", "rollout_main", "rolling restart of MODEL within its budget [--dry-run]"),
+    "cordon": ("pitstop.opscli", "cordon_main", "fence NODE or NODE/GPU: its replicas drain [--dry-run]"),
+    "uncordon": ("pitstop.opscli", "uncordon_main", "give a fenced NODE or NODE/GPU back [--dry-run]"),
+    "silence": ("pitstop.opscli", "silence_main", "add, list or expire silences of alerts"),
 }
 
 USAGE = "usage: pitstop [-h] [--version] {" + ",".join(COMMANDS) + "} ..."

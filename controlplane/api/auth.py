@@ -137,7 +137,8 @@ class Authenticator:
         if principal.anonymous:
             return principal
         if not role_allows(principal.role, needed):
-            raise AuthError(status.HTTP_403_FORBIDDEN, f"a {needed.value} token is needed "
+            article = "an" if needed.value[0] in "aeiou" else "a"
+            raise AuthError(status.HTTP_403_FORBIDDEN, f"{article} {needed.value} token is needed "
                                                        f"(this one is {principal.role.value})")
         if node is not None and not principal.may_report_as(node):
             raise AuthError(status.HTTP_403_FORBIDDEN, f"this agent token may only report as node "
