@@ -22,11 +22,9 @@ from controlplane.remediation.executor import reconcile
 from controlplane.store.db import session_scope
 from pitstop import ops
 from pitstop.ops import Io
-from pitstop.opsclient import ENV_CONFIG, ENV_TOKEN, ENV_URL, Exit, resolve
 from pitstop.opscli import run
+from pitstop.opsclient import ENV_CONFIG, ENV_TOKEN, ENV_URL, Exit, resolve
 from tests.controlplane.fixtures import FakeClock, body, replica, report
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class Fleet:
