@@ -81,6 +81,18 @@ def _serve_parser() -> argparse.ArgumentParser:
     f.add_argument("--fault-slow-all-reduce-ms", type=float, default=None, metavar="MS",
                    help="every engine step takes MS ms longer while the engine runs tensor parallel with the "
                         "custom all-reduce (a PCIe host without NVLink); --disable-custom-all-reduce removes it")
+    f.add_argument("--fault-leak-after", type=float, default=None, metavar="SECONDS",
+                   help="the leaks (--fault-leak-*-mb-per-min) start this many seconds in (default: at start)")
+    f.add_argument("--fault-latency-surge-after", type=float, default=None, metavar="SECONDS",
+                   help="seconds until a latency surge: every engine step costs --fault-latency-surge-ms-per-seq "
+                        "more per sequence in its batch (long-context traffic), so ITL grows with the batch and a "
+                        "lower --max-num-seqs brings it down")
+    f.add_argument("--fault-latency-surge-ms-per-seq", type=float, default=None, metavar="MS",
+                   help="the surge's extra step cost per sequence in the batch (default 8 ms)")
+    f.add_argument("--fault-clock-file", default=None, metavar="PATH",
+                   help="timed faults count from the unix time in PATH (waiting until it exists) instead of from "
+                        "when this server listens; a hang, crash, XID or timed leak whose moment passed before "
+                        "this server listened never fires here, a hot GPU or latency surge holds from the start")
     return p
 
 

@@ -86,6 +86,8 @@ class Engine:
         self.profile = profile
         # A fixed cost every step pays on top of the profile's (the slow all-reduce fault, ``faults.py``).
         self.step_overhead_s = step_overhead_s
+        # A cost every step pays per sequence in its batch on top of the profile's (the latency-surge fault).
+        self.step_overhead_per_seq_s = 0.0
         self.scheduler = scheduler
         self.metrics = metrics
         self.clock = clock
@@ -241,7 +243,7 @@ class Engine:
             self._on_scheduled(plan)
             seconds = self.profile.step_seconds(len(plan.scheduled), plan.prefill_tokens)
             seconds *= self.profile.warmup_multiplier(self.steps)
-            seconds += self.step_overhead_s
+            seconds += self.step_overhead_s + self.step_overhead_per_seq_s * len(plan.scheduled)
             self.steps += 1
             # The profile's step cost already includes vLLM's host overhead, so the simulator's own work
             # between steps (delivering tokens, HTTP) is absorbed into the next step rather than added to it:

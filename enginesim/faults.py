@@ -2,16 +2,23 @@
 
 Every fault is a ``--fault-*`` flag and also an environment variable ``PITSTOP_SIM_FAULT_<NAME>`` (the flag's
 name after ``--fault-``, upper case, dashes as underscores); a flag on the command line wins over the
-environment. Timed faults count seconds from the moment the server starts listening.
+environment. Timed faults count seconds from the moment the server starts listening, or, with
+``--fault-clock-file PATH``, from the unix time written in that file (they wait until it exists): several
+engines, and the engines that replace them, then share one clock. An engine that starts listening after a
+fault's moment never sees a hang, a crash, an XID or a timed leak: those belonged to the process that ran then,
+and a restart cures them. A hot GPU or a latency surge belongs to the GPU and to the traffic: an engine that
+starts after its moment has it from its start.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 ENV_PREFIX = "PITSTOP_SIM_FAULT_"
+PATH_FIELDS = frozenset({"clock_file"})
 MIB = 1024 * 1024
 PAGE = 4096
 
@@ -38,6 +45,14 @@ class FaultConfig:
     xid_code: str = "13"
     hot_gpu_after: float | None = None
     slow_all_reduce_ms: float = 0.0
+    # Where the shared fault clock is (module docstring); None: each engine's own, from when it listens.
+    clock_file: str | None = None
+    # The RSS/GPU leak starts this many seconds in (None: from the start, in every process).
+    leak_after: float | None = None
+    # Each engine step costs this many ms more per sequence in its batch from then on: long-context traffic,
+    # whose decode attention reads every sequence's KV each step, so inter-token latency grows with the batch.
+    latency_surge_after: float | None = None
+    latency_surge_ms_per_seq: float = 8.0
 
     def __post_init__(self) -> None:
         if self.hang_gauges not in HANG_GAUGES:
@@ -84,13 +99,42 @@ def resolve_faults(flags: Mapping[str, Any], env: Mapping[str, str]) -> FaultCon
             values[f.name] = given
         elif FaultConfig.env_name(f.name) in env:
             raw = env[FaultConfig.env_name(f.name)]
-            values[f.name] = _convert(raw, default if default is not None else 0.0)
+            # A path is taken as written; every other unset default is a number of seconds.
+            values[f.name] = raw if f.name in PATH_FIELDS else _convert(raw, default if default is not None else 0.0)
     config = FaultConfig(**values)
     if not 0.0 <= config.error_rate <= 1.0:
         raise ValueError(f"error rate must be within 0..1, got {config.error_rate}")
+    if config.latency_surge_ms_per_seq < 0:
+        raise ValueError(f"latency surge must be at least 0 ms, got {config.latency_surge_ms_per_seq:g}")
     if config.slow_all_reduce_ms < 0:
         raise ValueError(f"slow all-reduce must be at least 0 ms, got {config.slow_all_reduce_ms:g}")
     return config
+
+
+# Faults of the GPU or the traffic, not of one engine process: an engine started after their moment has them too.
+PERSISTENT_FAULTS = frozenset({"hot_gpu_after", "latency_surge_after"})
+
+
+def fault_delay(name: str, after: float | None, *, clock: float, listening_at: float, now: float) -> float | None:
+    """Seconds from ``now`` until the timed fault ``name`` fires, or None when it never does in this process.
+
+    ``clock`` is the unix time its ``after`` counts from; a moment before ``listening_at`` (this process began
+    serving after it) fires at once for a persistent fault and never for the others (module docstring).
+    """
+    if after is None:
+        return None
+    moment = clock + after
+    if moment < listening_at and name not in PERSISTENT_FAULTS:
+        return None
+    return max(0.0, moment - now)
+
+
+def read_clock_file(path: str) -> float | None:
+    """The unix time written in the fault clock file, or None while it is missing or not yet written."""
+    try:
+        return float(Path(path).read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return None
 
 
 def all_reduce_penalty_seconds(faults: FaultConfig, *, tensor_parallel_size: int, custom_all_reduce: bool) -> float:

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from enginesim.api import DropBrokenStreams, ServingContext, create_app
 from enginesim.clock import Clock, RealClock
 from enginesim.engine import Engine, EngineState
-from enginesim.faults import MIB, FaultConfig, RssLeak, all_reduce_penalty_seconds
+from enginesim.faults import MIB, FaultConfig, RssLeak, all_reduce_penalty_seconds, fault_delay, read_clock_file
 from enginesim.gpufile import SimulatedGpu, remove_readings, write_reading
 from enginesim.metrics import EngineMetrics
 from enginesim.profiles import SpeedProfile
@@ -109,11 +109,31 @@ async def _every(interval: float, action: Callable[[], None]) -> None:
         await asyncio.sleep(interval)
 
 
-async def _after(delay: float | None, action: Callable[[], None]) -> None:
-    if delay is None:
-        return
-    await asyncio.sleep(delay)
-    action()
+CLOCK_FILE_POLL_S = 0.5
+
+
+async def _fault_clock(faults: FaultConfig, listening_at: float) -> float:
+    """The unix time timed faults count from: the clock file's (waited for), else when this server listened."""
+    if faults.clock_file is None:
+        return listening_at
+    # Another process writes the file: there is nothing to wait on but the file system.
+    while (moment := read_clock_file(faults.clock_file)) is None:  # noqa: ASYNC110
+        await asyncio.sleep(CLOCK_FILE_POLL_S)
+    return moment
+
+
+async def _timed_faults(faults: FaultConfig, actions: dict[str, Callable[[], None]], out: TextIO) -> None:
+    """Fire each timed fault (``actions`` by FaultConfig field name) at its moment on the fault clock."""
+    listening_at = time.time()
+    clock = await _fault_clock(faults, listening_at)
+    now = time.time()
+    due = sorted((delay, name) for name in actions
+                 if (delay := fault_delay(name, getattr(faults, name), clock=clock, listening_at=listening_at,
+                                          now=now)) is not None)
+    for _, name in due:
+        await asyncio.sleep(max(0.0, clock + float(getattr(faults, name)) - time.time()))
+        _log(out, f"injected fault: {name.removesuffix('_after').replace('_', ' ')}")
+        actions[name]()
 
 
 class _GpuPublisher:
@@ -199,6 +219,13 @@ async def _run_serving(config: ServeConfig, gpus: list[SimulatedGpu], publisher:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     leak = RssLeak()
+    leaking = asyncio.Event()
+    if faults.leak_after is None:
+        leaking.set()
+
+    async def leak_loop() -> None:
+        await leaking.wait()
+        await _every(LEAK_INTERVAL_S, leak_tick)
 
     def leak_tick() -> None:
         leak.grow(faults.leak_rss_mb_per_min * LEAK_INTERVAL_S / 60.0)
@@ -216,6 +243,9 @@ async def _run_serving(config: ServeConfig, gpus: list[SimulatedGpu], publisher:
         for gpu in gpus:
             gpu.hot = True
 
+    def surge() -> None:
+        engine.step_overhead_per_seq_s = faults.latency_surge_ms_per_seq / 1000.0
+
     async def watch_death() -> None:
         await engine.died.wait()
         print(f"ERROR: {engine.death_message}", file=out, flush=True)
@@ -230,12 +260,12 @@ async def _run_serving(config: ServeConfig, gpus: list[SimulatedGpu], publisher:
     _log(out, f"Application startup complete; serving on http://{config.host}:{config.port}")
     tasks.append(asyncio.create_task(_run_engine(engine)))
     tasks.append(asyncio.create_task(watch_death()))
-    tasks.append(asyncio.create_task(_after(faults.hang_after, lambda: engine.hang(faults.hang_gauges))))
-    tasks.append(asyncio.create_task(_after(faults.crash_after, crash)))
-    tasks.append(asyncio.create_task(_after(faults.xid_after, xid)))
-    tasks.append(asyncio.create_task(_after(faults.hot_gpu_after, hot)))
+    timed: dict[str, Callable[[], None]] = {
+        "hang_after": lambda: engine.hang(faults.hang_gauges), "crash_after": crash, "xid_after": xid,
+        "hot_gpu_after": hot, "latency_surge_after": surge, "leak_after": leaking.set}
+    tasks.append(asyncio.create_task(_timed_faults(faults, timed, out)))
     if faults.leak_rss_mb_per_min > 0 or faults.leak_gpu_mb_per_min > 0:
-        tasks.append(asyncio.create_task(_every(LEAK_INTERVAL_S, leak_tick)))
+        tasks.append(asyncio.create_task(leak_loop()))
     await serving
     if engine.state is EngineState.DEAD:
         exit_code = 1

@@ -1,0 +1,78 @@
+"""What the demo prints while it runs and at the end: each action as it happens, the fault plan and the timeline.
+
+Reads the control plane's API (``/v1/actions``, ``/v1/events``) with the demo's operator token; the timeline
+itself is ``demo_faults.timeline``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from pitstop import demo_faults
+from pitstop.demo_faults import Fault
+
+
+@dataclass
+class Api:
+    """The control plane's read API, with the demo's operator token."""
+
+    url: str
+    token: str
+
+    def get(self, path: str, **params: int | str) -> list[dict[str, object]]:
+        resp = httpx.get(f"{self.url}{path}", params=params, headers={"Authorization": f"Bearer {self.token}"},
+                         timeout=10)
+        resp.raise_for_status()
+        return list(resp.json())
+
+
+
+def report_actions(api: Api, seen: dict[int, str], clock: float) -> None:
+    """Print each action the control plane records, and each change of its state, as it happens."""
+    for a in sorted(api.get("/v1/actions", limit=200), key=lambda a: int(str(a["id"]))):
+        ident, state = int(str(a["id"])), str(a["state"])
+        if seen.get(ident) == state or state == "suppressed":  # a repeat a cooldown held back: the timeline counts it
+            continue
+        seen[ident] = state
+        at = f"t+{time.time() - clock:4.0f}s"
+        outcome = f": {a['outcome']}" if a.get("outcome") else ""
+        print(f"  {at}  action #{ident} {a['policy'] or a.get('requested_by')}: {a['kind']} {a['target']} "
+              f"-> {state}{outcome}", flush=True)
+
+
+def write_timeline(api: Api, faults: Sequence[Fault], clock: float | None, load_stats: Path, out: Path) -> None:
+    """Read what Pitstop did from the control plane; print the timeline and write it as JSON."""
+    try:
+        actions = api.get("/v1/actions", limit=1000)
+        events = api.get("/v1/events", limit=5000)
+    except (httpx.HTTPError, ValueError) as exc:
+        print(f"pitstop demo: could not read the control plane for the timeline: {exc}", file=sys.stderr)
+        return
+    load = json.loads(load_stats.read_text()) if load_stats.exists() else None
+    gpu_of = {f"replica-{i}": i for i in range(64)}
+    doc = demo_faults.timeline(faults, clock or time.time(), actions, events, gpu_of, time.time())
+    doc["load"] = load
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print()
+    for line in demo_faults.render(doc, load):
+        print(line)
+    print(f"(written to {out})", flush=True)
+
+
+def print_plan(faults: Sequence[Fault], overlay: Sequence[demo_faults.Overlay], clock: float) -> None:
+    print("Fault timeline (watch the console's actions and replicas):")
+    for f in sorted(faults, key=lambda f: f.at):
+        when = time.strftime("%H:%M:%S", time.localtime(clock + f.at))
+        print(f"  t+{f.at:4.0f}s {when}  {f.what}  -> expect {' or '.join(f.policies)}: {' / '.join(f.kinds)}")
+    if overlay:
+        print("Demo overlay (the shipped policy files are unchanged; these copies replace them for this run only):")
+        for line in demo_faults.overlay_lines(overlay):
+            print(line)
+    print(flush=True)
