@@ -22,6 +22,7 @@ from controlplane.api import (
     reports,
     silences,
     summary,
+    whoami,
 )
 from controlplane.api.auth import Authenticator
 from controlplane.api.context import AppContext, Clock, utc_now
@@ -103,7 +104,8 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
     app.state.jobs = jobs
     app.add_middleware(TelemetryMiddleware, telemetry=ctx.telemetry)
     for router in (reports.router, fleet.router, prometheus_sd.router, desired.router, actions.router, admin.router,
-                   health.router, remediation.router, silences.router, alertmanager.router, summary.router):
+                   health.router, remediation.router, silences.router, alertmanager.router, summary.router,
+                   whoami.router):
         app.include_router(router)
 
     def openapi() -> dict[str, Any]:

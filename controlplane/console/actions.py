@@ -136,3 +136,46 @@ def breaker_line(breaker: Json) -> tuple[bool, str]:
                       "automation is stopped until an operator resets it (POST /v1/remediation/breaker/reset).")
     reset = f" (last reset {breaker['reset_at']} by {breaker.get('reset_by')})" if breaker.get("reset_at") else ""
     return False, f"Circuit breaker closed: automation is running{reset}."
+
+
+def transition_rows(action: Json) -> list[dict[str, Any]]:
+    """The action's trail: every state change, when, by whom and why (``GET /v1/actions/{id}``)."""
+    return [{"at": t.get("at"), "from": t.get("from_state") or "(new)", "to": t.get("to_state"),
+             "by": t.get("by"), "why": t.get("cause", "")} for t in action.get("transitions") or []]
+
+
+def guardrail_rows(action: Json) -> list[dict[str, Any]]:
+    """Each guardrail's decision on the action, in the order they judged it."""
+    return [{"guardrail": g.get("guardrail") or "", "verdict": g.get("verdict"), "reason": g.get("reason", "")}
+            for g in action.get("guardrails") or []]
+
+
+def who_line(action: Json) -> str:
+    by = action.get("policy") or "an operator"
+    line = f"proposed by {by} (requested by {action.get('requested_by')})"
+    if action.get("approved_by"):
+        line += f", approved by {action['approved_by']}"
+    return line
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    phase: str
+    text: str
+
+
+def rollout_progress(action: Json) -> Progress | None:
+    """Where a rolling restart (or canaried rollout) is: replica n of m, and its phase; None without a plan."""
+    rollout = _progress(action).rollout
+    if rollout is None:
+        return None
+    total = len(action.get("replicas") or []) or len(rollout.done) + sum(len(b) for b in rollout.queue)
+    done = len(rollout.done)
+    text = f"{done} of {total} replicas done · phase {rollout.phase}"
+    if rollout.batch:
+        text += f" · restarting {', '.join(sorted(rollout.batch))}"
+    if rollout.waiting:
+        text += f" · {rollout.waiting}"
+    return Progress(done=done, total=max(total, done), phase=rollout.phase, text=text)

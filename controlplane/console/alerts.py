@@ -54,3 +54,24 @@ def delivery_rows(alert: Json) -> list[dict[str, Any]]:
         "attempts": d.get("attempt"), "answer": d.get("response_code"), "sent": d.get("sent_at"),
         "next try": d.get("next_retry_at"), "error": d.get("error") or "",
     } for d in alert.get("deliveries") or []]
+
+
+# Labels a silence made from an alert matches on: the alert itself, not every alert of its severity.
+SILENCE_LABELS = ("alertname", "target", "model", "node", "replica")
+
+
+def matchers_for(alert: Json) -> list[str]:
+    """Matchers that silence this alert (and its re-fires), prefilled in the silence form."""
+    labels = _labels(alert)
+    return [f'{name}="{labels[name]}"' for name in SILENCE_LABELS if labels.get(name)]
+
+
+def parse_matcher_lines(text: str) -> list[str]:
+    """One matcher per line from the form's text area; blank lines dropped (the API checks each)."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def silence_rows(silences: Sequence[Json]) -> list[dict[str, Any]]:
+    return [{"id": s.get("id"), "state": s.get("state"), "matchers": ", ".join(s.get("matchers") or []),
+             "until": s.get("ends_at"), "by": s.get("created_by"), "comment": s.get("comment", ""),
+             "expired by": s.get("expired_by") or ""} for s in silences]

@@ -1,91 +1,117 @@
-"""The Pitstop console: one Streamlit page with the fleet, read from the control-plane API (never the DB).
+"""The Pitstop console: pages over the control-plane API (never the database), for the on-call who lands here.
 
-Run it with ``pitstop console``; the API URL and token arrive as environment variables.
+Run it with ``pitstop console``; the API URL (and optionally a token) arrive as environment variables. This
+script signs the visitor in (``signin``), then hands over to the page they chose (``views/``; not ``pages/``,
+which Streamlit would also pick up as pages of its own).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-import pandas as pd
 import streamlit as st
 
-from controlplane.console import actions_view, alerts_view, shaping
-from controlplane.console.client import ApiUnavailable, ConsoleSettings, fetch_fleet, fetch_samples
+from controlplane.console import reads
+from controlplane.console.client import ApiUnavailable, ConsoleSettings, TokenRefused
+from controlplane.console.frame import CONSOLE_KEY, Console
+from controlplane.console.signin import Identity, SignInRefused, identity_for, proxied, proxy_user, read_only, whoami
 
-CHART_FIELDS = ("ttft_p99_seconds", "itl_p99_seconds", "rss_bytes")
-
-
-def _table(rows: list[dict[str, object]], empty: str) -> None:
-    if rows:
-        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
-    else:
-        st.caption(empty)
-
-
-def _detail(replica: dict[str, object]) -> None:
-    facts = shaping.replica_detail(replica)
-    log_tail = facts.pop("log tail")
-    st.dataframe(pd.DataFrame([facts]), hide_index=True, width="stretch")
-    if log_tail:
-        with st.expander("log tail"):
-            st.code(log_tail, language=None)
+IDENTITY_KEY = "pitstop_identity"
+SIGNED_OUT_KEY = "pitstop_signed_out"
+SERVICE_KEY = "pitstop_service_identity"
+PAGES = (("views/fleet.py", "Fleet", ":material/traffic:"), ("views/nodes.py", "Nodes & GPUs", ":material/memory:"),
+         ("views/replicas.py", "Replicas", ":material/view_list:"),
+         ("views/actions.py", "Actions & incidents", ":material/build:"),
+         ("views/alerts.py", "Alerts", ":material/notifications:"),
+         ("views/policies.py", "Policies", ":material/policy:"))
 
 
-def _fleet(settings: ConsoleSettings) -> None:
-    with settings.client() as client:
+def _check(settings: ConsoleSettings, token: str | None, via: str) -> Identity:
+    with settings.client(token or "") as client:
+        name, role, anonymous = whoami(client)
+    return identity_for(name, role, anonymous, token, via)  # type: ignore[arg-type]
+
+
+def _forget_session() -> None:
+    for key in (IDENTITY_KEY, CONSOLE_KEY, reads.LAST_GOOD_KEY, "pitstop_pending", "pitstop_done"):
+        st.session_state.pop(key, None)
+
+
+def _sign_in_form(settings: ConsoleSettings) -> None:
+    with st.form("sign-in", clear_on_submit=True):
+        st.markdown("**Sign in** with your Pitstop API token (`pitstop server token create`). What you do here "
+                    "is recorded under that token's name.")
+        token = st.text_input("API token", type="password", key="sign_in_token")
+        submitted = st.form_submit_button("Sign in")
+    if submitted and token.strip():
         try:
-            fleet = fetch_fleet(client)
-        except ApiUnavailable as exc:
-            st.error(f"Control plane unavailable: {exc}")
-            return
-        summary = shaping.fleet_summary(fleet.nodes, fleet.replicas)
-        for column, (label, value) in zip(st.columns(len(summary)), summary.items(), strict=True):
-            column.metric(label, value)
-        for line in shaping.attention(fleet.nodes, fleet.replicas, fleet.gpus):
-            st.warning(line)
+            st.session_state[IDENTITY_KEY] = _check(settings, token.strip(), "token")
+        except TokenRefused:
+            st.error("The control plane did not accept that token.")
+        except (SignInRefused, ApiUnavailable) as exc:
+            st.error(str(exc))
+        else:
+            st.session_state.pop(SIGNED_OUT_KEY, None)
+            st.session_state.pop(reads.LAST_GOOD_KEY, None)
+            st.rerun()
 
-        st.subheader("Nodes")
-        _table(shaping.node_rows(fleet.nodes), "No node has reported yet.")
-        st.subheader("Replicas")
-        _table(shaping.replica_rows(fleet.replicas), "No replicas reported.")
-        st.subheader("GPUs")
-        _table(shaping.gpu_rows(fleet.gpus), "No GPUs reported.")
-        st.subheader("Recent events")
-        _table(shaping.event_rows(fleet.events), "No events yet.")
-        alerts_view.render(client)
-        actions_view.render(client)
 
-        if fleet.replicas:
-            st.subheader("Replica history")
-            keys = [f"{r['node']}/{r['name']}" for r in fleet.replicas]
-            chosen = st.selectbox("replica", keys, key="chart_replica")
-            node, _, name = (chosen or keys[0]).partition("/")
-            _detail(next(r for r in fleet.replicas if r["node"] == node and r["name"] == name))
-            try:
-                samples = fetch_samples(client, node=node, replica=name)
-            except ApiUnavailable as exc:
-                st.warning(f"History unavailable: {exc}")
-                return
-            series = shaping.sample_series(samples, CHART_FIELDS)
-            if len(series["at"]) < 2:
-                st.caption("Not enough samples for a chart yet.")
-                return
-            frame = pd.DataFrame(series).set_index("at")
-            left, right = st.columns(2)
-            left.caption("TTFT / ITL p99 (ms)")
-            left.line_chart(frame[["ttft_p99 ms", "itl_p99 ms"]])
-            right.caption("RSS of the process tree (MiB)")
-            right.line_chart(frame[["rss MiB"]])
+def _identity(settings: ConsoleSettings) -> Identity | None:
+    """Who this is: signed in, the console's own token, a proxy-named person, or a read-only visitor."""
+    known: Identity | None = st.session_state.get(IDENTITY_KEY)
+    if known is not None:
+        return known
+    if settings.token and not st.session_state.get(SIGNED_OUT_KEY):
+        st.session_state[IDENTITY_KEY] = _check(settings, settings.token, "console")
+        return st.session_state[IDENTITY_KEY]
+    user = proxy_user(st.context.headers, settings.user_header)
+    if user is not None and settings.service_token:
+        service: Identity | None = st.session_state.get(SERVICE_KEY)
+        if service is None:
+            service = st.session_state[SERVICE_KEY] = _check(settings, settings.service_token, "console")
+        return proxied(user, service)
+    return read_only(settings)
+
+
+def _sidebar(identity: Identity) -> None:
+    with st.sidebar:
+        st.caption("Signed in as" if identity.via in ("token", "console") else "Looking as")
+        st.markdown(f"**{identity.describe()}**")
+        if not identity.can_act:
+            st.caption("Read only: no action buttons.")
+        if identity.via in ("token", "console") and st.button("Sign out", key="sign-out"):
+            _forget_session()
+            st.session_state[SIGNED_OUT_KEY] = True
+            st.rerun()
 
 
 def main() -> None:
-    st.set_page_config(page_title="Pitstop", layout="wide")
+    st.set_page_config(page_title="Pitstop", page_icon=":material/traffic:", layout="wide")
     settings = ConsoleSettings.from_env()
-    st.title("Pitstop fleet")
-    st.caption(f"Control plane: {settings.api_url} · refreshes every {settings.refresh_seconds:g}s")
-    # A fragment re-runs on its own timer, so the page refreshes without reloading the browser tab.
-    st.fragment(run_every=timedelta(seconds=settings.refresh_seconds))(_fleet)(settings)
+    st.title("Pitstop")
+    st.caption(f"Control plane: {settings.api_url}")
+    try:
+        identity = _identity(settings)
+    except TokenRefused as exc:
+        st.error(str(exc))
+        identity = None
+    except SignInRefused as exc:
+        st.error(str(exc))
+        identity = None
+    except ApiUnavailable as exc:
+        st.error(f"Control plane unavailable: {exc}")
+        return
+    if identity is None:
+        st.navigation([st.Page(lambda: _sign_in_form(settings), title="Sign in", url_path="sign-in")]).run()
+        return
+    if identity.via == "proxy":
+        _sign_in_form_in_sidebar(settings)
+    st.session_state[CONSOLE_KEY] = Console(settings=settings, identity=identity)
+    _sidebar(identity)
+    st.navigation([st.Page(path, title=title, icon=icon) for path, title, icon in PAGES]).run()
+
+
+def _sign_in_form_in_sidebar(settings: ConsoleSettings) -> None:
+    with st.sidebar.expander("Sign in to act"):
+        _sign_in_form(settings)
 
 
 main()

@@ -8,7 +8,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from controlplane.console.client import DEFAULT_API_URL, ENV_API_URL, ENV_REFRESH, ENV_TOKEN
+from controlplane.console.client import (
+    DEFAULT_API_URL,
+    ENV_API_URL,
+    ENV_READ_ONLY,
+    ENV_REFRESH,
+    ENV_SERVICE_TOKEN,
+    ENV_TOKEN,
+    ENV_USER_HEADER,
+)
 
 APP = Path(__file__).with_name("app.py")
 
@@ -21,7 +29,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8501, help="console port (default 8501)")
     parser.add_argument("--address", default="127.0.0.1", help="console listen address (default 127.0.0.1)")
     parser.add_argument("--token", default=None,
-                        help=f"viewer/operator token for the API (or set {ENV_TOKEN})")
+                        help=f"sign every session in with this token (one person's console; or set {ENV_TOKEN}); "
+                             "without it each person signs in with their own")
+    parser.add_argument("--read-only", action="store_true",
+                        help=f"let anyone who reaches the console look without signing in, never act ({ENV_READ_ONLY}; "
+                             f"reads with {ENV_SERVICE_TOKEN} if set)")
+    parser.add_argument("--user-header", default=None,
+                        help=f"behind a trusted proxy: the request header naming the person ({ENV_USER_HEADER}); "
+                             f"they read with {ENV_SERVICE_TOKEN} and sign in with their own token to act")
     parser.add_argument("--refresh", type=float, default=5.0, help="seconds between refreshes (default 5)")
     return parser
 
@@ -40,6 +55,10 @@ def environment(args: argparse.Namespace, base: Mapping[str, str]) -> dict[str, 
     env[ENV_REFRESH] = str(args.refresh)
     if args.token:
         env[ENV_TOKEN] = args.token
+    if args.read_only:
+        env[ENV_READ_ONLY] = "1"
+    if args.user_header:
+        env[ENV_USER_HEADER] = args.user_header
     return env
 
 

@@ -98,13 +98,19 @@ def test_console_in_a_real_browser_shows_replicas_as_they_arrive(server: str, co
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1600})
             page.goto(console)
-            page.get_by_text("No node has reported yet.").wait_for(timeout=30_000)
+            # Signing in: the token goes into a password field, never into the URL.
+            page.get_by_label("API token").fill("any-token")
+            page.get_by_role("button", name="Sign in").click()
+            page.get_by_text("No replica has reported yet").wait_for(timeout=30_000)
+            assert "any-token" not in page.url
             # The page refreshes by itself: a report posted now shows up without a reload.
             r = report(replicas=[replica("chat-0"), replica("chat-1")], sent_at=datetime.now(UTC))
             httpx.post(f"{server}/v1/agents/gpu-a/report", json=body(r), timeout=10).raise_for_status()
-            page.get_by_text("Replica history").wait_for(timeout=30_000)
+            page.get_by_text("2 of 2 serving").wait_for(timeout=30_000)
             # Streamlit keeps the previous run's elements until the new run replaces them.
-            page.get_by_text("No node has reported yet.").wait_for(state="detached", timeout=30_000)
+            page.get_by_text("No replica has reported yet").wait_for(state="detached", timeout=30_000)
+            page.get_by_role("link", name="Nodes & GPUs").click()
+            page.get_by_text("GPU 0 · NVIDIA H200").wait_for(timeout=30_000)
             page.screenshot(path=str(tmp_path / "console.png"), full_page=True)
         finally:
             browser.close()

@@ -10,12 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from streamlit.testing.v1 import AppTest
 
 from controlplane.api.app import create_app
 from controlplane.console import actions
-from controlplane.console import app as console_app
-from controlplane.console.client import ENV_API_URL, ENV_TOKEN
+from tests.console.served import click, open_console
 from tests.controlplane.fixtures import T0, FakeClock
 from tests.helpers import free_port, http_ok, wait_until
 from tests.remediation.fleet import SimAgent, SimReplica, fleet, server_config
@@ -68,19 +66,16 @@ def served(tmp_path: Path) -> Iterator[str]:
 
 
 def test_the_page_lists_a_proposal_and_approves_it(served: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_API_URL, served)
-    monkeypatch.setenv(ENV_TOKEN, "op")
-    page = AppTest.from_file(str(Path(console_app.__file__)), default_timeout=30)
-    page.run()
-    assert not page.exception, page.exception
+    page = open_console(monkeypatch, served, "op", page="views/actions.py")
     assert any(h.value == "Actions" for h in page.subheader)
     assert any("Circuit breaker closed" in c.value for c in page.caption)
-    approve = next(b for b in page.button if b.label == "Approve")
-    approve.click().run()
-    assert not page.exception, page.exception
+    click(page, "Approve")  # asks first
     headers = {"Authorization": "Bearer op"}
+    [waiting] = httpx.get(f"{served}/v1/actions", params={"policy": "stall"}, headers=headers).json()
+    assert waiting["state"] == "proposed"
+    click(page, "Confirm: approve")
     [done] = httpx.get(f"{served}/v1/actions", params={"policy": "stall"}, headers=headers).json()
-    assert done["state"] == "running" and done["approved_by"]
+    assert done["state"] == "running" and done["approved_by"] == "config:operator-0"
     page.run()  # the running restart's detail shows what it keeps of the old engine
     assert any("Captured before the restart" in m.value for m in page.markdown)
     assert any("gpu-a/r0: waiting for the agent's stack dump" in c.value for c in page.code)

@@ -1,0 +1,44 @@
+"""Altair charts for the console, all coloured from ``palette``. Each returns a chart; the page draws it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from controlplane.console import palette
+
+
+def lines(points: Sequence[dict[str, Any]], unit: str, height: int = 220) -> alt.Chart:
+    """One line per series over time (points from ``replica_view.long_series``)."""
+    frame = pd.DataFrame(list(points), columns=["at", "series", "value"])
+    return (alt.Chart(frame, height=height)
+            .mark_line(point=len(frame) < 30)
+            .encode(x=alt.X("at:T", title=None), y=alt.Y("value:Q", title=unit),
+                    color=alt.Color("series:N", title=None), tooltip=["at:T", "series:N", "value:Q"]))
+
+
+def timeline(rows: Sequence[dict[str, Any]], height: int = 120) -> alt.Chart:
+    """A replica's state over time: one bar per state held, in the palette's state colours."""
+    frame = pd.DataFrame([r for r in rows if r["state"]], columns=["at", "state", "from", "kind", "message"])
+    frame = frame.sort_values("at")
+    frame["until"] = frame["at"].shift(-1).fillna(frame["at"].max())
+    domain, colours = palette.state_scale()
+    return (alt.Chart(frame, height=height)
+            .mark_bar(size=24)
+            .encode(x=alt.X("at:T", title=None), x2="until:T", y=alt.value(40),
+                    color=alt.Color("state:N", scale=alt.Scale(domain=domain, range=colours), title="state"),
+                    tooltip=["at:T", "from:N", "state:N", "message:N"]))
+
+
+def states(counts: dict[str, int], height: int = 60) -> alt.Chart:
+    """Replicas by state as one stacked bar in the state colours."""
+    frame = pd.DataFrame([{"state": s, "replicas": n} for s, n in counts.items()], columns=["state", "replicas"])
+    domain, colours = palette.state_scale()
+    return (alt.Chart(frame, height=height)
+            .mark_bar()
+            .encode(x=alt.X("replicas:Q", stack="zero", axis=None),
+                    color=alt.Color("state:N", scale=alt.Scale(domain=domain, range=colours), legend=None),
+                    tooltip=["state:N", "replicas:Q"]))
