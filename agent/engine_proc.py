@@ -1,5 +1,5 @@
-"""One engine process: spawned as an argv list in its own process group, logged to a rotated file, stopped
-group-wide.
+"""One engine process: spawned as an argv list in its own process group, writing its own rotated log file
+(``agent.engine_log``), stopped group-wide.
 
 The group matters: vLLM's API server forks an EngineCore which forks workers (docs/design.md: four processes), and
 a SIGTERM that reaches only the API server can leave GPU memory held by an orphaned worker. So every signal
@@ -10,44 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
-from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
 
+from agent.engine_log import EngineLog, open_for_engine
 
-class RotatingLog:
-    """A size-capped log file with numbered backups (``engine.log``, ``engine.log.1``, ...)."""
-
-    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
-        self.path = path
-        self.max_bytes = max_bytes
-        self.backups = backups
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("ab")
-
-    def write(self, data: bytes) -> None:
-        if self._file.tell() + len(data) > self.max_bytes and self._file.tell() > 0:
-            self._rotate()
-        self._file.write(data)
-        self._file.flush()
-
-    def _rotate(self) -> None:
-        self._file.close()
-        if self.backups == 0:
-            self.path.unlink(missing_ok=True)
-        for n in range(self.backups, 0, -1):
-            src = self.path if n == 1 else self.path.with_name(f"{self.path.name}.{n - 1}")
-            if src.exists():
-                src.replace(self.path.with_name(f"{self.path.name}.{n}"))
-        self._file = self.path.open("ab")
-
-    def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+log = logging.getLogger(__name__)
+LOG_CHECK_INTERVAL = 2.0  # seconds between looks at the log's size
 
 
 def group_members(pgid: int) -> list[int]:
@@ -67,58 +41,54 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
-    """The stream protocol of ``create_subprocess_exec``, plus a future set the moment the leader exits."""
-
-    def __init__(self, exited: asyncio.Future[None], loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(limit=2**16, loop=loop)
-        self._exit_future = exited
-
-    def process_exited(self) -> None:
-        super().process_exited()
-        if not self._exit_future.done():
-            self._exit_future.set_result(None)
-
-
 class EngineProcess:
-    """A running engine: its process, its log and the last lines it wrote (for a crash's ``log_tail``)."""
+    """A running engine: its process, and its log (the file it writes, and the last lines for a ``log_tail``)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, log: RotatingLog, exited: asyncio.Future[None],
-                 tail_lines: int = 50) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, engine_log: EngineLog,
+                 log_check_interval: float = LOG_CHECK_INTERVAL) -> None:
         self.proc = proc
-        self._exited = exited
         self.pid = proc.pid
         self.pgid = proc.pid  # start_new_session=True: the engine leads a new session and group
-        self.log = log
-        self.tail: deque[str] = deque(maxlen=tail_lines)
-        self._pump = asyncio.create_task(self._copy_output(), name=f"engine-log-{self.pid}")
+        self.log = engine_log
+        self._rotation_error: str | None = None
+        self._log_keeper = asyncio.create_task(self._keep_log(log_check_interval), name=f"engine-log-{self.pid}")
 
     @classmethod
     async def spawn(cls, argv: list[str], env: Mapping[str, str], log_path: Path, max_bytes: int,
-                    backups: int) -> EngineProcess:
-        """Start ``argv`` (never through a shell) in a new session with stdout+stderr going to the log."""
-        log = RotatingLog(log_path, max_bytes, backups)
-        loop = asyncio.get_running_loop()
-        exited: asyncio.Future[None] = loop.create_future()
-        try:
-            transport, protocol = await loop.subprocess_exec(
-                lambda: _ExitProtocol(exited, loop), *argv, env=dict(env), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-        except OSError:
-            log.close()
-            raise
-        return cls(asyncio.subprocess.Process(transport, protocol, loop), log, exited)
+                    backups: int, *, log_check_interval: float = LOG_CHECK_INTERVAL) -> EngineProcess:
+        """Start ``argv`` (never through a shell) in a new session, its stdout and stderr the log file itself.
 
-    async def _copy_output(self) -> None:
-        assert self.proc.stdout is not None
+        No pipe through the agent (``agent.engine_log``): the engine keeps logging, and stays stoppable, after
+        the agent is gone."""
+        out = open_for_engine(log_path)
+        try:
+            engine_log = EngineLog(log_path, max_bytes, backups)
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, env=dict(env), stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            except OSError:
+                engine_log.close()
+                raise
+        finally:
+            os.close(out)  # the engine has its own copy
+        return cls(proc, engine_log, log_check_interval)
+
+    def log_tail(self) -> list[str]:
+        """The engine's last lines, read from its log file now."""
+        return self.log.tail()
+
+    async def _keep_log(self, interval: float) -> None:
+        """Rotate the log when it passes its cap: a stat every ``interval`` seconds, a copy once per rotation."""
         while True:
-            line = await self.proc.stdout.readline()
-            if not line:
-                return
-            if self.log._file.closed:
-                return
-            self.log.write(line)
-            self.tail.append(line.decode(errors="replace").rstrip("\n"))
+            await asyncio.sleep(interval)
+            try:
+                self.log.check()
+                self._rotation_error = None
+            except OSError as exc:  # a full or read-only disk: the engine runs on, the file grows; said once
+                if str(exc) != self._rotation_error:
+                    log.warning("engine %d: cannot rotate %s: %s", self.pid, self.log.path, exc)
+                self._rotation_error = str(exc)
 
     @property
     def returncode(self) -> int | None:
@@ -127,19 +97,14 @@ class EngineProcess:
     async def exited(self) -> int:
         """The leader's exit code, as soon as it exits.
 
-        Not ``Process.wait()``: before Python 3.12 it also waits for the output pipe to close, and vLLM's
-        EngineCore and workers inherit that pipe, so a killed API server would look alive for as long as
-        its children run (found with a kill -9 of a real vLLM server)."""
-        await asyncio.shield(self._exited)
-        code = self.proc.returncode
-        return code if code is not None else -1
+        The engine holds no pipe of the agent's: before Python 3.12 ``Process.wait()`` also waited for the
+        output pipes to close, and vLLM's EngineCore and workers inherit them, so a killed API server looked
+        alive for as long as its children ran (found with a kill -9 of a real vLLM server)."""
+        return await self.proc.wait()
 
     async def wait(self) -> int:
-        """Wait for the leader to exit and its output to be copied; the exit code."""
-        code = await self.exited()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._pump), timeout=2.0)
-        return code
+        """Wait for the leader to exit; the exit code."""
+        return await self.exited()
 
     async def stop(self, grace: float) -> int:
         """SIGTERM the group, SIGKILL it after ``grace`` seconds; return once the whole group is gone.
@@ -176,8 +141,9 @@ class EngineProcess:
         self.close()
 
     def close(self) -> None:
-        if not self._pump.done():
-            self._pump.cancel()
+        """Stop keeping the log; its last lines stay readable through ``log_tail``."""
+        if not self._log_keeper.done():
+            self._log_keeper.cancel()
         self.log.close()
 
     def kill_now(self) -> None:

@@ -1,44 +1,66 @@
 """A record of the engine each replica runs, so a restarted agent can find an engine its predecessor left.
 
 An agent killed with SIGKILL cannot stop its engines (they run in their own sessions on purpose). The next
-agent would then fail to bind the replica's port and crash-loop. So each spawn writes ``<name>.pid`` (pid and
-process create time, which tells a reused pid from the original) and the next start first ends that group.
+agent would then fail to bind the replica's port and crash-loop, or restart every engine of the node for an
+agent restart. So each spawn writes ``<name>.pid``: the pid and its create time (which tells a reused pid from
+the original), and the generation and engine arguments it runs, so the next agent can adopt it
+(``agent.adopted``) and judge it against what is wanted.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from pathlib import Path
 
 import psutil
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class Leftover(BaseModel):
+    """An engine a previous agent started: what it is, and what it was started to run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pid: int
+    create_time: float
+    # None: written by an agent that did not record them; such an engine is never what is wanted now.
+    generation: int | None = None
+    args: list[str] = Field(default_factory=list)
 
 
 class PidFile:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def write(self, pid: int) -> None:
+    def write(self, pid: int, generation: int | None = None, args: list[str] | None = None) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             created = psutil.Process(pid).create_time()
         except psutil.NoSuchProcess:
             created = 0.0
-        self.path.write_text(json.dumps({"pid": pid, "create_time": created}))
+        record = Leftover(pid=pid, create_time=created, generation=generation, args=list(args or []))
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(record.model_dump_json())
+        os.replace(tmp, self.path)  # a kill between the two leaves the old record or the new one, never half
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
 
     def leftover(self) -> int | None:
         """The pid of a recorded engine that is still the same process, else ``None``."""
+        left = self.left()
+        return None if left is None else left.pid
+
+    def left(self) -> Leftover | None:
+        """The recorded engine, if it is still the same process (not a zombie), else ``None``."""
         try:
-            data = json.loads(self.path.read_text())
-            pid, created = int(data["pid"]), float(data["create_time"])
-            if psutil.Process(pid).create_time() == created:
-                return pid
-        except (OSError, ValueError, KeyError, TypeError, psutil.NoSuchProcess, psutil.AccessDenied):
+            record = Leftover.model_validate_json(self.path.read_text())
+            proc = psutil.Process(record.pid)
+            if proc.create_time() == record.create_time and proc.status() != psutil.STATUS_ZOMBIE:
+                return record
+        except (OSError, ValidationError, psutil.NoSuchProcess, psutil.AccessDenied):
             pass
         return None
 

@@ -3,12 +3,14 @@
 Who owns each arrow (all of them live in the supervisor)::
 
     STOPPED  -> STARTING   start requested (config, desired state, or BACKOFF expired)
+                           or an engine a previous agent left, adopted (``agent.adopted``)
     STARTING -> WARMING    /health is 200 and /v1/models lists the model
     WARMING  -> READY      warmup requests answered
     READY    -> DRAINING   stop/restart requested: readiness off first (docs/design.md: SIGTERM aborts in-flight)
     READY    -> WEDGED     the agent's canaries failed ``wedge_canaries`` times in a row while no generation
                            token moved (``agent.progress``): readiness off at once, without the control plane
     WEDGED   -> STOPPING   a new generation, a stop or a cordon: no drain, a frozen engine finishes nothing
+    STARTING -> DRAINING   an adopted engine that runs what is no longer wanted: its work finishes first
     DRAINING -> STOPPING   running+waiting reached 0, or the drain deadline passed
     STOPPING -> STOPPED    the process group exited (SIGKILL after the stop deadline)
     STARTING|WARMING|READY|WEDGED|DRAINING -> BACKOFF   the engine exited unasked (exit code 0 included),
@@ -25,6 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from agent.event_journal import EventJournal
 from agent.wire import ReplicaEvent, ReplicaState
 
 S = ReplicaState
@@ -36,7 +39,7 @@ ATTACHED_STATES = frozenset({S.ATTACHED, S.UNREACHABLE})
 
 ALLOWED: dict[ReplicaState, frozenset[ReplicaState]] = {
     S.STOPPED: frozenset({S.STARTING}),
-    S.STARTING: frozenset({S.WARMING, S.BACKOFF, S.STOPPING, S.STOPPED}),
+    S.STARTING: frozenset({S.WARMING, S.BACKOFF, S.STOPPING, S.STOPPED, S.DRAINING}),
     S.WARMING: frozenset({S.READY, S.BACKOFF, S.STOPPING, S.STOPPED}),
     S.READY: frozenset({S.DRAINING, S.WEDGED, S.BACKOFF}),
     # Only a restart proves progress again: no way back to READY from here (vLLM #39863).
@@ -66,12 +69,17 @@ class ReplicaMachine:
     """Current state of one replica plus a bounded buffer of its events, waiting for the next report."""
 
     def __init__(self, replica: str, initial: ReplicaState, clock: Callable[[], datetime] = utc_now,
-                 max_events: int = 200) -> None:
+                 max_events: int = 200, journal: EventJournal | None = None) -> None:
         self.replica = replica
         self.clock = clock
         self.state = initial
         self.since = clock()
         self._events: deque[ReplicaEvent] = deque(maxlen=max_events)
+        # Events not yet delivered, on disk too: a previous agent's go out first (``agent.event_journal``).
+        self.journal = journal
+        if journal is not None:
+            self._events.extend(journal.load())
+        self._journaled = bool(self._events)
 
     def to(self, dst: ReplicaState, message: str = "") -> ReplicaEvent:
         """Move to ``dst`` (guarded); record and return the transition event."""
@@ -81,19 +89,31 @@ class ReplicaMachine:
                              from_state=self.state, to_state=dst, message=message[:4000])
         self.state = dst
         self.since = event.at
-        self._events.append(event)
+        self._record(event)
         return event
 
     def note(self, kind: str, message: str) -> ReplicaEvent:
         """Record a notable thing that is not a transition (a crash's exit code, a new generation)."""
         event = ReplicaEvent(replica=self.replica, at=self.clock(), kind=kind, message=message[:4000])
-        self._events.append(event)
+        self._record(event)
         return event
 
+    def _record(self, event: ReplicaEvent) -> None:
+        self._events.append(event)
+        if self.journal is not None:
+            self.journal.append(event)
+            self._journaled = True
+
     def drain_events(self) -> list[ReplicaEvent]:
-        """Hand over the buffered events (they go into one report) and forget them."""
+        """Hand over the buffered events (they go into one report) and forget them.
+
+        The journal then holds what this report carries (the previous one's were delivered, or were requeued
+        into this one), plus whatever is recorded until the next."""
         events = list(self._events)
         self._events.clear()
+        if self.journal is not None and (events or self._journaled):
+            self.journal.replace(events)
+            self._journaled = bool(events)
         return events
 
     def requeue(self, events: list[ReplicaEvent]) -> None:

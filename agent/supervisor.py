@@ -19,10 +19,13 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 
+from agent.adopted import AdoptedEngine
 from agent.backoff import FailureWindow
 from agent.config import BackoffConfig, ReplicaConfig
 from agent.desired import Want
+from agent.engine_log import last_lines
 from agent.engine_proc import EngineProcess
+from agent.event_journal import EventJournal
 from agent.pidfile import PidFile, end_group
 from agent.probes import engine_ready, in_flight, served_model_name, stream_completion
 from agent.process_tree import client_connections
@@ -56,12 +59,13 @@ class ReplicaSupervisor:
         self.mono = mono or (lambda: asyncio.get_running_loop().time())
         self.poll_interval = poll_interval
         self.extra_env = extra_env or {}
-        self.machine = ReplicaMachine(spec.name, S.STOPPED, wall)
+        self.machine = ReplicaMachine(spec.name, S.STOPPED, wall,
+                                      journal=EventJournal(state_dir / "run" / f"{spec.name}.events"))
         self.window = FailureWindow(backoff.max_failures, backoff.window, backoff.base, backoff.cap)
         self.want = Want(spec.enabled, 0, list(spec.args))
         self.generation = 0
         self.args = list(spec.args)
-        self.proc: EngineProcess | None = None
+        self.proc: EngineProcess | AdoptedEngine | None = None
         self.restarts_total = 0
         self.last_exit_code: int | None = None
         self.log_tail: list[str] = []
@@ -152,8 +156,8 @@ class ReplicaSupervisor:
     # ---- the task ---------------------------------------------------------------------------------------
     async def run(self) -> None:
         """Drive the state machine until shutdown; the engine is stopped on the way out, whatever happens."""
-        await self._end_leftover()
         try:
+            await self._take_over_leftover()
             while not (self._shutdown and self.state in (S.STOPPED, S.FATAL)):
                 state = self.state
                 if state == S.STOPPED:
@@ -177,12 +181,33 @@ class ReplicaSupervisor:
                 self.proc = None
                 self.pidfile.clear()
 
+    async def _take_over_leftover(self) -> None:
+        """Adopt the engine a previous agent left (``agent.adopted``), judged from STARTING as a new one is: kept
+        when it runs the wanted generation, drained and stopped when not. One recorded without its generation
+        (an older agent's pid file) is ended."""
+        left = self.pidfile.left()
+        if left is not None and left.generation is not None:
+            self.proc = AdoptedEngine(left.pid, left.create_time, self.log_path, self.spec.log_max_bytes,
+                                      self.spec.log_backups)
+            self.generation, self.args = left.generation, list(left.args)
+            self.machine.to(S.STARTING, f"adopted engine {left.pid} (generation {left.generation}) left by a "
+                                        "previous agent")
+            log.warning("replica %s: adopted engine %d left by a previous agent", self.spec.name, left.pid)
+            if self._interrupted():
+                await self._drain_and_stop()
+            elif await self._until_ready() and await self._warm():
+                self.machine.to(S.READY, warmup_summary(self.warmup_ttfts, self.spec.warmup))
+            return
+        await self._end_leftover()
+
     async def _end_leftover(self) -> None:
         pid = self.pidfile.leftover()
         if pid is not None:
             self.machine.note("orphan", f"ending engine {pid} left by a previous agent")
             log.warning("replica %s: ending engine %d left by a previous agent", self.spec.name, pid)
             await asyncio.to_thread(end_group, pid, self.spec.stop_timeout)
+            # Its last lines, as its log file holds them, are the report's (``agent.engine_log``).
+            self.log_tail = last_lines(self.log_path)
         self.pidfile.clear()
 
     async def _phase(self, work: Awaitable[T] | None, limit: float | None) -> tuple[Outcome, T | None]:
@@ -225,7 +250,7 @@ class ReplicaSupervisor:
         except OSError as exc:
             await self._failed(f"cannot start {argv[0]!r}: {exc}")
             return
-        self.pidfile.write(self.proc.pid)
+        self.pidfile.write(self.proc.pid, self.generation, self.args)
         if await self._until_ready() and await self._warm():
             self.machine.to(S.READY, warmup_summary(self.warmup_ttfts, self.spec.warmup))
 
@@ -351,7 +376,7 @@ class ReplicaSupervisor:
         code = await self.proc.wait()
         await self.proc.kill()  # the leader is gone; its children must not outlive it
         self.last_exit_code = code
-        self.log_tail = list(self.proc.tail)
+        self.log_tail = self.proc.log_tail()  # read from the file after the group is gone: its last words too
         self.proc = None
         self.pidfile.clear()
         self.machine.note("exit", f"{reason} (exit code {code})")

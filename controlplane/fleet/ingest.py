@@ -13,7 +13,7 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import JSON, Column, Connection, Table, bindparam, delete, insert, select, update
@@ -136,6 +136,29 @@ def _event_rows(report: NodeReport, now: datetime) -> list[dict[str, Any]]:
             for e in report.events]
 
 
+def _event_key(node: str, replica: str, at: datetime, kind: str, src: str | None,
+               dst: str | None) -> tuple[Any, ...]:
+    return node, replica, at.astimezone(UTC), kind, src, dst
+
+
+def _unseen_events(conn: Connection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` without the events already stored: an agent sends again what it cannot know was delivered (a
+    report whose answer was lost, the undelivered events a killed agent left, ``agent.event_journal``), and a
+    replica's event is stored once. Only reports carrying events pay for the look-up (events are rare)."""
+    nodes = sorted({r["node"] for r in rows})
+    since = min(r["at"] for r in rows)
+    stored = {_event_key(*row) for row in conn.execute(
+        select(_EVENTS.c.node, _EVENTS.c.replica, _EVENTS.c.at, _EVENTS.c.kind, _EVENTS.c.from_state,
+               _EVENTS.c.to_state).where(_EVENTS.c.node.in_(nodes), _EVENTS.c.at >= since))}
+    unseen = []
+    for row in rows:
+        key = _event_key(row["node"], row["replica"], row["at"], row["kind"], row["from_state"], row["to_state"])
+        if key not in stored:
+            stored.add(key)
+            unseen.append(row)
+    return unseen
+
+
 def _table(model: type[Any]) -> Table:
     table: Table = model.__table__
     return table
@@ -213,6 +236,8 @@ def apply_reports(*, session: Session, reports: Sequence[NodeReport], now: datet
         rows["replicas"] += _replica_rows(report, now)
         rows["samples"] += _sample_rows(report)
         rows["events"] += _event_rows(report, now)
+    if rows["events"]:
+        rows["events"] = _unseen_events(conn, rows["events"])
     on_postgresql = conn.dialect.name == "postgresql"
     copies = [t for t in ("gpus", "replicas", "samples", "events")
               if on_postgresql and len(rows[t]) > COPY_FROM_ROWS]

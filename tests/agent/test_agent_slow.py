@@ -158,17 +158,61 @@ def test_drain_lets_in_flight_requests_finish_before_the_stop(
     assert group_alive(pid) == []
 
 
-def test_a_new_agent_ends_the_engine_a_killed_agent_left(start_agent: Callable[..., AgentProcess]) -> None:
+def test_a_new_agent_adopts_the_engine_a_killed_agent_left(start_agent: Callable[..., AgentProcess]) -> None:
     spec = sim_replica()
     first = start_agent([spec])
-    orphan = first.wait_state("r1", "READY")["process"]["pid"]
+    engine = first.wait_state("r1", "READY")["process"]["pid"]
     first.proc.kill()  # SIGKILL: the agent cannot stop its engine
     first.proc.wait()
-    assert group_alive(orphan), "the engine should have outlived a SIGKILLed agent"
+    assert group_alive(engine), "the engine should have outlived a SIGKILLed agent"
     second = start_agent([spec])
     replica = second.wait_state("r1", "READY")
-    assert replica["process"]["pid"] != orphan
-    assert group_alive(orphan) == []
+    # The same engine, serving again: an agent restart restarts no engine.
+    assert replica["process"]["pid"] == engine and replica["restarts_total"] == 0
+    assert group_alive(engine)
+    second.proc.send_signal(signal.SIGTERM)  # and it is this agent's to stop
+    assert second.proc.wait(timeout=30) == 0
+    assert group_alive(engine) == []
+
+
+def test_an_engine_left_while_draining_is_adopted_drained_and_replaced(
+        start_agent: Callable[..., AgentProcess], control_plane: tuple[ControlPlaneStandIn, str]) -> None:
+    stand_in, url = control_plane
+    spec = sim_replica(drain_timeout=20)
+    first = start_agent([spec], control_plane=url)
+    old = first.wait_state("r1", "READY")["process"]["pid"]
+    result: dict[str, Any] = {}
+
+    def long_stream() -> None:
+        body = {"model": "tiny", "prompt": "tell me", "max_tokens": 400, "stream": True}  # ~4 s when warm
+        with httpx.stream("POST", f"http://127.0.0.1:{spec['port']}/v1/completions", json=body,
+                          timeout=30) as response:
+            result["lines"] = [line for line in response.iter_lines() if line.startswith("data:")]
+
+    streamer = threading.Thread(target=long_stream)
+    streamer.start()
+    try:
+        wait_until(lambda: (first.replica("r1").get("engine") or {}).get("requests_running", 0) > 0, 10,
+                   what="the request to be running")
+        stand_in.desired = DesiredState(node="test-node", replicas=[ReplicaSpec(name="r1", generation=1,
+                                                                                engine_args=SIM_ARGS)])
+        first.wait_state("r1", "DRAINING", timeout=10)
+        first.proc.kill()  # mid-drain: the new generation is saved, the old engine still streams
+        first.proc.wait()
+        reported = len(stand_in.reports)
+        second = start_agent([spec], control_plane=url)
+        fresh = second.wait_state("r1", "READY", timeout=40)
+    finally:
+        streamer.join(timeout=30)
+    assert fresh["generation"] == 1 and fresh["process"]["pid"] != old
+    assert group_alive(old) == []
+    assert result["lines"][-1] == "data: [DONE]"  # drained by the new agent: what it streamed finished
+    moves = [(e.from_state, e.to_state) for r in stand_in.reports[reported:] for e in r.events
+             if e.kind == "transition"]
+    adopted = moves.index(("STOPPED", "STARTING"))
+    assert moves[adopted:adopted + 4] == [("STOPPED", "STARTING"), ("STARTING", "DRAINING"),
+                                          ("DRAINING", "STOPPING"), ("STOPPING", "STOPPED")], moves
+    assert ("READY", "DRAINING") in moves[:adopted]  # what the killed agent had not reported, sent by the next
 
 
 def test_canary_measures_ttft(start_agent: Callable[..., AgentProcess]) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from itertools import product
+from pathlib import Path
 
 import pytest
 
+from agent.event_journal import EventJournal
 from agent.states import ALLOWED, ReplicaMachine, TransitionError, can_transition
 from agent.wire import ReplicaState
 
@@ -69,3 +71,24 @@ def test_event_buffer_is_bounded_and_requeue_keeps_order() -> None:
     later = machine.note("crash", "exit 0")
     machine.requeue(events[1:])
     assert machine.drain_events() == [*events[1:], later]
+
+
+def test_events_not_yet_delivered_outlive_the_agent(tmp_path: Path) -> None:
+    S = ReplicaState
+    journal = tmp_path / "run" / "r1.events"
+    clock = FakeClock()
+    first = ReplicaMachine("r1", S.READY, clock, journal=EventJournal(journal))
+    delivered = first.to(S.DRAINING)
+    assert first.drain_events() == [delivered]  # in a report whose answer is not back yet
+    stopping = first.to(S.STOPPING)
+    # Killed here: the next agent starts with what it cannot know was delivered, then what was not sent.
+    second = ReplicaMachine("r1", S.STOPPED, clock, journal=EventJournal(journal))
+    assert second.drain_events() == [delivered, stopping]
+    second.requeue([delivered, stopping])  # that report failed
+    assert ReplicaMachine("r1", S.STOPPED, clock, journal=EventJournal(journal)).drain_events() == [
+        delivered, stopping]
+    assert second.drain_events() == [delivered, stopping]
+    assert second.drain_events() == []  # the previous report was delivered: nothing left to send again
+    assert not journal.exists()
+    journal.write_text('{"replica": "r1", "at": "2026-01-0')  # a line cut short by a kill is skipped
+    assert ReplicaMachine("r1", S.STOPPED, clock, journal=EventJournal(journal)).drain_events() == []

@@ -52,6 +52,20 @@ def test_report_answers_desired_state_and_fills_the_fleet(client: TestClient) ->
     assert client.get("/v1/nodes/gpu-b").status_code == 404
 
 
+def test_events_sent_again_are_stored_once(client: TestClient, clock) -> None:
+    # An agent sends again what it cannot know was delivered: a report whose answer it never read, or the
+    # undelivered events a killed agent left on disk, which its successor sends first.
+    draining = transition("r0", T0 - timedelta(seconds=3), ReplicaState.READY, ReplicaState.DRAINING)
+    stopping = transition("r0", T0 - timedelta(seconds=2), ReplicaState.DRAINING, ReplicaState.STOPPING)
+    post(client, report(sequence=1, events=[draining]))
+    clock.advance(1)
+    post(client, report(sequence=2, sent_at=T0 + timedelta(seconds=1), events=[draining, stopping]))
+    clock.advance(1)
+    post(client, report(sequence=1, sent_at=T0 + timedelta(seconds=2), events=[draining, stopping]))  # restarted
+    got = client.get("/v1/events").json()
+    assert [(e["from_state"], e["to_state"]) for e in got] == [("DRAINING", "STOPPING"), ("READY", "DRAINING")]
+
+
 def test_replica_filters(client: TestClient) -> None:
     post(client, report("gpu-a", replicas=[replica("r0"), replica("r1", model="other")]))
     post(client, report("gpu-b", replicas=[replica("r0", state=ReplicaState.FATAL)]))

@@ -1,0 +1,31 @@
+"""One PostgreSQL server for the module, a fresh database and a fresh fleet for each case."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.harness import Fleet
+from tests.controlplane.pg import fresh_database, missing_reason, postgres_server
+
+
+@pytest.fixture(scope="module")
+def pg_address() -> Iterator[str]:
+    reason = missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with postgres_server() as address:
+        yield address
+
+
+@pytest.fixture
+def fleet(pg_address: str, tmp_path: Path) -> Iterator[Fleet]:
+    with fresh_database(pg_address) as url:
+        fleet = Fleet(tmp_path, url)
+        try:
+            fleet.start()
+            yield fleet
+        finally:
+            fleet.stop()
