@@ -31,7 +31,7 @@ from agent.exporter import AgentCollector, ExportState
 from agent.gpu import GpuBackend
 from agent.gpu.xid import XidLedger
 from agent.orphans import Orphan, OrphanWatch
-from agent.probes import generation_tokens, stream_completion
+from agent.probes import completion_request, generation_tokens, stream_completion
 from agent.process_tree import ProcessTreeSampler
 from agent.progress import CanaryEvidence, Progress
 from agent.reporter import Reporter, ReportError, next_attempt_in
@@ -59,6 +59,7 @@ Replica = ReplicaSupervisor | AttachedReplica
 SCRAPE_STATES = frozenset({S.WARMING, S.READY, S.WEDGED, S.DRAINING, S.ATTACHED})
 CANARY_STATES = frozenset({S.READY, S.ATTACHED})
 MAX_REPORT_EVENTS = 1000
+CANARY_PROMPT, CANARY_TOKENS = "ping", 4
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -121,6 +122,8 @@ class Agent:
         self._ticks = 0
         # In-flight canaries, one per replica at most: they run beside the collection loop, never inside it.
         self._canaries: dict[str, asyncio.Task[None]] = {}
+        # Each replica's canary request, built once (the same bytes every interval) and again if its model changes.
+        self._canary_requests: dict[str, tuple[str, httpx.Request]] = {}
         self._saved_desired: DesiredState | None = None
         self.cordoned = False
         self.cordoned_gpus: frozenset[int] = frozenset()
@@ -221,34 +224,49 @@ class Agent:
         if canary and replica.state in CANARY_STATES and name not in self._canaries:
             # A canary to a wedged engine waits out its whole timeout: awaited here, it would hold back the
             # node's GPU readings and every other replica's scrape for that long, just when they matter.
-            task = asyncio.create_task(self._canary(replica), name=f"canary-{name}")
+            # The scrape just read the generation-token counter: that is the canary's "before" (one /metrics
+            # read per engine per interval instead of two).
+            engine = replica.engine if replica.state in SCRAPE_STATES else None
+            before = engine.generation_tokens_total if engine is not None and engine.scrape_error is None else None
+            task = asyncio.create_task(self._canary(replica, before), name=f"canary-{name}")
             self._canaries[name] = task
             task.add_done_callback(functools.partial(self._canary_done, name))
 
     def _canary_done(self, name: str, _task: asyncio.Task[None]) -> None:
         self._canaries.pop(name, None)
 
-    async def _canary(self, replica: Replica) -> None:
+    async def _canary(self, replica: Replica, before: float | None = None) -> None:
         """Canaries until a verdict: a failure with no token moving is confirmed at once, not an interval later
-        (readiness must go off within seconds of a wedge)."""
+        (readiness must go off within seconds of a wedge). ``before``: the counter as the scrape just read it."""
         for _ in range(self.config.wedge_canaries):
-            evidence = await self._one_canary(replica)
+            evidence = await self._one_canary(replica, before)
+            before = evidence.tokens_after  # read just now: the next canary's "before"
             if replica.state not in CANARY_STATES:
                 return  # left READY meanwhile (a restart, a drain): the verdict is about an engine that is going
             if replica.canary_observed(evidence) is not Progress.SUSPECT:
                 return
 
-    async def _one_canary(self, replica: Replica) -> CanaryEvidence:
-        """One canary completion and the engine's generation-token counter read just before and just after it."""
+    async def _one_canary(self, replica: Replica, before: float | None = None) -> CanaryEvidence:
+        """One canary completion and the engine's generation-token counter read just before (unless ``before``
+        was read just now) and, when it fails, just after it. On the lean transport, as the scrapes: through
+        httpx's own, the canary and its /metrics read were most of the agent's CPU at a 1 s interval."""
+        client = self.scrape_client
         url = self.scrapers[replica.spec.name].url
         timeout = max(replica.spec.probe_timeout, self.config.canary_timeout)
-        before = await generation_tokens(self.client, url, replica.model_name, timeout)
-        result = await stream_completion(self.client, replica.spec.base_url, replica.model_name, "ping", 4,
-                                         self.config.canary_timeout, asyncio.get_running_loop().time)
+        if before is None:
+            before = await generation_tokens(client, url, replica.model_name, timeout)
+        model, request = self._canary_requests.get(replica.spec.name, (None, None))
+        if request is None or model != replica.model_name:
+            request = completion_request(client, replica.spec.base_url, replica.model_name, CANARY_PROMPT,
+                                         CANARY_TOKENS, self.config.canary_timeout)
+            self._canary_requests[replica.spec.name] = (replica.model_name, request)
+        result = await stream_completion(client, replica.spec.base_url, replica.model_name, CANARY_PROMPT,
+                                         CANARY_TOKENS, self.config.canary_timeout, asyncio.get_running_loop().time,
+                                         request=request)
         replica.canary_ok, replica.canary_ttft = result.ok, result.ttft_seconds
         if result.ok:
             return CanaryEvidence(ok=True)
-        after = await generation_tokens(self.client, url, replica.model_name, timeout)
+        after = await generation_tokens(client, url, replica.model_name, timeout)
         replica.machine.note("canary", f"canary failed: {result.error}")
         return CanaryEvidence(ok=False, tokens_before=before, tokens_after=after, error=result.error)
 

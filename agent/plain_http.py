@@ -11,6 +11,10 @@ bodies sent with Content-Length, responses with Content-Length, chunked, or read
 compression (on loopback gzip only costs both sides CPU: ``Accept-Encoding: identity`` is forced). An idle
 connection the server closed meanwhile is retried once on a fresh one when nothing was received.
 
+A request whose ``extensions`` ask for ``STREAM`` gets its body as it arrives instead (the canary's server-sent
+events: its TTFT is the time to the first chunk), under the same limit and the same deadline, the request's
+timeout counted from when it was sent; its connection is kept only once the whole body was read.
+
 ``read_capped`` applies the same limit to a streamed response from any transport (httpx's own, for
 ``https://`` or the agent's default client, would buffer an endless body whole): the scrapes and the canary's
 and drain's reads of /metrics use it.
@@ -20,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.cookiejar
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import httpx
 
@@ -29,8 +35,19 @@ _MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
+# ``extensions={STREAM: True}`` on a request: the body is handed on as it arrives (see above).
+STREAM = "pitstop.stream"
+# How long closing a streamed response waits for the rest of a body it did not read (a canary stops at
+# ``[DONE]``; the chunked body's last, empty chunk is usually already there): enough to keep the connection.
+_DRAIN_SECONDS = 0.05
+
+
 class BodyTooLarge(ValueError):
     """A response body over the transport's limit."""
+
+
+# What reading a connection raises, past a timeout: an ``httpx.ReadError`` (``BodyTooLarge`` is a ValueError).
+_READ_ERRORS = (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError)
 
 
 class _Closed(Exception):
@@ -57,37 +74,89 @@ def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], limit: int) -> tuple[bytes, bool]:
-    """The body and whether the connection can be reused; ``BodyTooLarge`` past ``limit`` bytes."""
+async def _chunks(reader: asyncio.StreamReader, headers: dict[str, str], limit: int,
+                  done: list[bool]) -> AsyncGenerator[bytes, None]:
+    """The body's parts as they arrive, ``BodyTooLarge`` past ``limit`` bytes; ``done`` gets True once the body
+    ended where the connection can be reused (a body read to EOF ends with the connection)."""
+    total = 0
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        parts: list[bytes] = []
-        total = 0
         while True:
             size_line = await reader.readuntil(b"\r\n")
             size = int(size_line.split(b";", 1)[0].strip(), 16)
             if size == 0:
                 while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
                     pass
-                return b"".join(parts), True
+                done.append(True)
+                return
             total += size
             if total > limit:
                 raise BodyTooLarge(f"body over {limit} bytes")
-            parts.append(await reader.readexactly(size))
+            part = await reader.readexactly(size)
             await reader.readexactly(2)
+            yield part
     if "content-length" in headers:
         length = int(headers["content-length"])
         if length > limit:
             raise BodyTooLarge(f"body of {length} bytes is over {limit}")
-        return await reader.readexactly(length), True
+        if length:
+            yield await reader.readexactly(length)
+        done.append(True)
+        return
     # HTTP/1.0 style: the body ends with the connection.
-    chunks: list[bytes] = []
-    total = 0
     while chunk := await reader.read(256 * 1024):
         total += len(chunk)
         if total > limit:
             raise BodyTooLarge(f"body over {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks), False
+        yield chunk
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], limit: int) -> tuple[bytes, bool]:
+    """The body and whether the connection can be reused; ``BodyTooLarge`` past ``limit`` bytes."""
+    done: list[bool] = []
+    parts = [part async for part in _chunks(reader, headers, limit, done)]
+    return (parts[0] if len(parts) == 1 else b"".join(parts)), bool(done)
+
+
+class _StreamedBody(httpx.AsyncByteStream):
+    """A response body read as it arrives, each read before the request's deadline; the connection goes back to
+    its pool once the whole body was read, and is closed otherwise."""
+
+    def __init__(self, transport: PlainHttpTransport, key: tuple[str, int], conn: Connection,
+                 headers: dict[str, str], keep: bool, deadline: float | None, request: httpx.Request) -> None:
+        self.transport, self.key, self.conn, self.keep = transport, key, conn, keep
+        self.deadline, self.request = deadline, request
+        self.done: list[bool] = []
+        self.parts = _chunks(conn[0], headers, transport.max_body_bytes, self.done)
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                async with asyncio.timeout_at(self.deadline):
+                    part = await anext(self.parts, None)
+            except TimeoutError as exc:
+                raise httpx.ReadTimeout("no whole answer before the request's deadline",
+                                        request=self.request) from exc
+            except _READ_ERRORS as exc:
+                raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=self.request) from exc
+            if part is None:
+                return
+            yield part
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if not self.done and self.keep:
+            with contextlib.suppress(Exception):  # what is left, if it is already on its way; else closed
+                async with asyncio.timeout(_DRAIN_SECONDS):
+                    async for _ in self.parts:
+                        pass
+        await self.parts.aclose()
+        if self.done and self.keep:
+            self.transport._release(self.key, self.conn)
+        else:
+            _close(self.conn[1])
 
 
 class PlainHttpTransport(httpx.AsyncBaseTransport):
@@ -107,19 +176,21 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
         timeouts = request.extensions.get("timeout", {})
         limit = max((t for t in timeouts.values() if t is not None), default=None)
         key = (request.url.host, request.url.port or 80)
+        deadline = None if limit is None else asyncio.get_running_loop().time() + limit
+        streamed = bool(request.extensions.get(STREAM))
         try:
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout_at(deadline):
                 while True:
                     idle = self._idle.get(key)
                     conn, reused = (idle.pop(), True) if idle else (await self._connect(key, request), False)
                     try:
-                        return await self._exchange(conn, key, request, body, reused)
+                        return await self._exchange(conn, key, request, body, reused,
+                                                    deadline if streamed else None, streamed)
                     except _Closed:
                         continue  # a stale idle connection: try the next one, or a fresh one
         except TimeoutError as exc:
             raise httpx.ReadTimeout(f"no answer within {limit:g}s", request=request) from exc
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError,
-                OSError) as exc:
+        except _READ_ERRORS as exc:
             raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
 
     async def _connect(self, key: tuple[str, int], request: httpx.Request) -> Connection:
@@ -131,7 +202,9 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
         return conn
 
     async def _exchange(self, conn: Connection, key: tuple[str, int], request: httpx.Request, body: bytes,
-                        reused: bool) -> httpx.Response:
+                        reused: bool, deadline: float | None = None, streamed: bool = False) -> httpx.Response:
+        """One request on ``conn``: the whole body read, or (``streamed``) the head read and the body handed on as
+        it arrives, each read before ``deadline`` (a loop time; None: none)."""
         reader, writer = conn
         try:
             writer.write(_request_bytes(request, body))
@@ -146,17 +219,27 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
             version, status, *_ = lines[0].split(" ", 2)
             pairs = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:] if line)]
             headers = {k.lower(): v for k, v in pairs}
-            content, reusable = (b"", True) if request.method == "HEAD" or status in ("204", "304") \
-                else await _read_body(reader, headers, self.max_body_bytes)
+            keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+            bodiless = request.method == "HEAD" or status in ("204", "304")
+            if streamed and not bodiless:
+                stream = _StreamedBody(self, key, conn, headers, keep, deadline, request)
+                return httpx.Response(int(status), headers=pairs, stream=stream, request=request)
+            content, reusable = (b"", True) if bodiless else await _read_body(reader, headers, self.max_body_bytes)
         except BaseException:
             _close(writer)
             raise
-        if reusable and version == "HTTP/1.1" and headers.get("connection", "").lower() != "close" \
-                and len(self._idle.setdefault(key, [])) < self.max_idle_per_host:
-            self._idle[key].append(conn)
+        if reusable and keep:
+            self._release(key, conn)
         else:
             _close(writer)
         return httpx.Response(int(status), headers=pairs, content=content, request=request)
+
+    def _release(self, key: tuple[str, int], conn: Connection) -> None:
+        """Keep ``conn`` for the next request to ``key``, up to ``max_idle_per_host``; close it otherwise."""
+        if len(self._idle.setdefault(key, [])) < self.max_idle_per_host:
+            self._idle[key].append(conn)
+        else:
+            _close(conn[1])
 
     async def aclose(self) -> None:
         for conns in self._idle.values():
@@ -194,6 +277,13 @@ def body_too_large(exc: BaseException) -> BodyTooLarge | None:
     return None
 
 
+class _NoCookies(http.cookiejar.CookieJar):
+    """Engines set no cookies, and the agent sends none: keeping them cost a sixth of an idle scrape."""
+
+    def extract_cookies(self, response: object, request: object) -> None:
+        return None
+
+
 def scrape_client() -> httpx.AsyncClient:
-    """The agent's scrape client: this transport for ``http://``, httpx's own for ``https://``."""
-    return httpx.AsyncClient(mounts={"http://": PlainHttpTransport()})
+    """The agent's scrape client: this transport for ``http://``, httpx's own for ``https://``; no cookie jar."""
+    return httpx.AsyncClient(mounts={"http://": PlainHttpTransport()}, cookies=_NoCookies())

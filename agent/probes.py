@@ -7,14 +7,15 @@ EngineCore (vLLM #39863), so STARTING ends only when ``/v1/models`` lists the mo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 import httpx
 
 from agent.engine_metrics import MetricsParseError, parse_metrics
-from agent.plain_http import BodyTooLarge, read_capped
+from agent.plain_http import STREAM, BodyTooLarge, read_capped
 
 
 def served_model_name(model: str, args: list[str]) -> str:
@@ -56,36 +57,66 @@ class CompletionResult:
     error: str | None = None
 
 
+def completion_request(client: httpx.AsyncClient, base_url: str, model: str, prompt: str, max_tokens: int,
+                       request_timeout: float) -> httpx.Request:
+    """The streaming completion ``stream_completion`` sends; the same bytes every time, so a caller that sends it
+    every interval (the canary) builds it once."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0}
+    # STREAM: on the agent's lean transport the chunks are handed on as they arrive, so TTFT is the first one.
+    return client.build_request("POST", f"{base_url}/v1/completions", json=body, timeout=request_timeout,
+                                extensions={STREAM: True})
+
+
+async def _sse_lines(response: httpx.Response) -> AsyncGenerator[bytes, None]:
+    """The lines of a server-sent event stream as bytes (no text decoding: only ``data:`` lines are read)."""
+    pending = b""
+    async for chunk in response.aiter_bytes():
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r")
+    if pending:
+        yield pending.rstrip(b"\r")
+
+
 async def stream_completion(client: httpx.AsyncClient, base_url: str, model: str, prompt: str, max_tokens: int,
-                            request_timeout: float, clock: Callable[[], float]) -> CompletionResult:
+                            request_timeout: float, clock: Callable[[], float], *,
+                            request: httpx.Request | None = None) -> CompletionResult:
     """One streaming completion with a deadline for the whole of it; TTFT is the time to the first data chunk.
+    ``request``: the one ``completion_request`` built for these arguments, when the caller keeps it.
 
     The deadline covers the request end to end, not each read: a wedged vLLM accepts the request and then
     sends nothing (vLLM #39863), and a per-read timeout alone would also let a trickle of bytes run forever."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0}
+    if request is None:
+        request = completion_request(client, base_url, model, prompt, max_tokens, request_timeout)
     started = clock()
     ttft = None
+    response: httpx.Response | None = None
     try:
-        async with asyncio.timeout(request_timeout), client.stream(
-                "POST", f"{base_url}/v1/completions", json=body, timeout=request_timeout) as response:
+        async with asyncio.timeout(request_timeout):
+            response = await client.send(request, stream=True)
             if response.status_code != 200:
                 await response.aread()
                 return CompletionResult(False, error=f"HTTP {response.status_code}: {response.text[:200]}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    return CompletionResult(True, ttft)
-                if ttft is None:
-                    chunk = json.loads(payload)
-                    if "error" in chunk:
-                        return CompletionResult(False, None, str(chunk["error"])[:200])
-                    ttft = clock() - started
+            async with contextlib.aclosing(_sse_lines(response)) as lines:
+                async for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        return CompletionResult(True, ttft)
+                    if ttft is None:
+                        chunk = json.loads(payload)
+                        if "error" in chunk:
+                            return CompletionResult(False, None, str(chunk["error"])[:200])
+                        ttft = clock() - started
     except TimeoutError:
         return CompletionResult(False, ttft, f"no completion within {request_timeout:g}s")
     except (httpx.HTTPError, ValueError) as exc:
         return CompletionResult(False, ttft, f"{type(exc).__name__}: {exc}"[:300])
+    finally:
+        if response is not None:
+            await response.aclose()
     return CompletionResult(False, ttft, "stream ended without [DONE]")
 
 

@@ -12,10 +12,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from agent.plain_http import BodyTooLarge, PlainHttpTransport
+from agent.plain_http import STREAM, BodyTooLarge, PlainHttpTransport
 from tests.helpers import free_port, wait_until
 
 BODY = "vllm:num_requests_running 3\n" * 2000
+# Set by the test once it holds the first event: the server sends the second only then (or "late" if never).
+RELEASED = threading.Event()
 
 
 def make_app() -> FastAPI:
@@ -40,6 +42,14 @@ def make_app() -> FastAPI:
                 yield line
                 await asyncio.sleep(0)  # let the server see the client hang up
         return StreamingResponse(parts(), media_type="text/plain")  # type: ignore[arg-type]
+
+    @app.get("/events")
+    async def events() -> StreamingResponse:
+        async def parts() -> object:
+            yield "data: first\n\n"
+            released = await asyncio.to_thread(RELEASED.wait, 10)
+            yield "data: second\n\n" if released else "data: late\n\n"
+        return StreamingResponse(parts(), media_type="text/event-stream")  # type: ignore[arg-type]
 
     @app.post("/echo")
     async def echo(request: Request) -> PlainTextResponse:
@@ -140,3 +150,41 @@ def test_a_body_past_the_limit_is_an_error_and_never_read_whole(server: str) -> 
     assert isinstance(declared, BodyTooLarge) and "56000 bytes is over 20000" in str(declared)
     endless = run(scenario("/endless"))  # chunked without end: refused at the first chunk past the limit
     assert isinstance(endless, BodyTooLarge) and "over 20000 bytes" in str(endless)
+
+
+def test_a_streamed_body_is_handed_on_as_it_arrives_and_its_connection_kept(server: str) -> None:
+    async def scenario() -> tuple[list[bytes], str, int]:
+        RELEASED.clear()
+        transport = PlainHttpTransport()
+        parts: list[bytes] = []
+        async with httpx.AsyncClient(transport=transport) as client:
+            request = client.build_request("GET", f"{server}/events", timeout=20, extensions={STREAM: True})
+            response = await client.send(request, stream=True)
+            async for part in response.aiter_bytes():
+                parts.append(part)
+                RELEASED.set()  # the first event came before the server sent the second
+            await response.aclose()
+            after = (await client.get(f"{server}/metrics")).text
+        return parts, after, transport.connections_opened
+
+    parts, after, opened = asyncio.run(scenario())
+    assert b"".join(parts) == b"data: first\n\ndata: second\n\n"
+    assert after == BODY
+    assert opened == 1  # read to its end, the streamed connection served the next request
+
+
+def test_a_streamed_body_left_unread_closes_its_connection(server: str) -> None:
+    async def scenario() -> int:
+        RELEASED.clear()
+        transport = PlainHttpTransport()
+        async with httpx.AsyncClient(transport=transport) as client:
+            request = client.build_request("GET", f"{server}/events", timeout=20, extensions={STREAM: True})
+            response = await client.send(request, stream=True)
+            async for _ in response.aiter_bytes():
+                break  # the caller stops at the first event, the server still holds the second
+            await response.aclose()
+            RELEASED.set()
+            assert (await client.get(f"{server}/metrics")).text == BODY
+        return transport.connections_opened
+
+    assert asyncio.run(scenario()) == 2  # the half-read connection was not reused

@@ -1,0 +1,90 @@
+"""What a canary costs the engine and the agent: the scrape's counter read stands for its "before", and its
+request is built once; its streamed answer still gives TTFT and the verdict."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from agent.attached import AttachedReplica
+from agent.config import AgentConfig
+from agent.gpu.sim import SimGpuBackend
+from agent.node import Agent
+from agent.wire import ReplicaState
+from tests.agent.vllm_text import render
+
+SSE = (b'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [{"text": "b"}]}\n\n'
+       b"data: [DONE]\n\n")
+
+
+def _agent(tmp_path: Path, handler: httpx.MockTransport) -> tuple[Agent, httpx.AsyncClient]:
+    config = AgentConfig.model_validate({
+        "node": "n1", "control_plane": None, "gpu_backend": "sim", "sim_gpu_dir": str(tmp_path / "simgpu"),
+        "sim_gpu_count": 1, "state_dir": str(tmp_path / "state"),
+        "replicas": [{"name": "r0", "model": "m", "url": "http://engine.test:8000"}]})
+    client = httpx.AsyncClient(transport=handler)
+    agent = Agent(config, client, SimGpuBackend(tmp_path / "simgpu", 1))
+    agent.replicas["r0"].machine.to(ReplicaState.ATTACHED, "health 200")
+    return agent, client
+
+
+async def _ticks(agent: Agent, n: int) -> None:
+    for _ in range(n):
+        await agent.collect_once()
+        await asyncio.gather(*agent._canaries.values())
+
+
+def test_a_canary_after_a_good_scrape_reads_no_metrics_of_its_own(tmp_path: Path) -> None:
+    seen: list[str] = []
+    requests: list[httpx.Request] = []
+    tokens = [10.0]
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        requests.append(request)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=render("m", generation_tokens=tokens[0]))
+        tokens[0] += 2
+        return httpx.Response(200, content=SSE, headers={"content-type": "text/event-stream"})
+
+    async def scenario() -> Agent:
+        agent, client = _agent(tmp_path, httpx.MockTransport(handle))
+        async with client:
+            await _ticks(agent, 3)
+        return agent
+
+    agent = asyncio.run(scenario())
+    assert seen == ["/metrics", "/v1/completions"] * 3  # one /metrics read per interval, the scrape's
+    replica = agent.replicas["r0"]
+    assert replica.canary_ok is True and replica.canary_ttft is not None
+    canaries = [r for r in requests if r.url.path == "/v1/completions"]
+    assert len({id(r) for r in canaries}) == 1  # built once, sent every interval
+
+
+def test_a_canary_after_a_failed_scrape_reads_the_counter_itself_and_a_flat_one_is_suspect(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        if request.url.path == "/metrics":
+            # The scrape fails (a body that is not /metrics); the canary's own reads find the counter flat.
+            if seen.count("/metrics") == 1:
+                return httpx.Response(200, text="garbage\n")
+            return httpx.Response(200, text=render("m", generation_tokens=10.0))
+        return httpx.Response(503, text="overloaded")
+
+    async def scenario() -> Agent:
+        agent, client = _agent(tmp_path, httpx.MockTransport(handle))
+        async with client:
+            await _ticks(agent, 1)
+        return agent
+
+    agent = asyncio.run(scenario())
+    # before, the canary, after; then the confirming canary at once, its "before" the first one's "after".
+    assert seen == ["/metrics", "/metrics", "/v1/completions", "/metrics", "/v1/completions", "/metrics"]
+    replica = agent.replicas["r0"]
+    assert isinstance(replica, AttachedReplica)
+    assert replica.canary_ok is False
+    assert replica.wedged  # two canaries failed in a row with the counter flat
