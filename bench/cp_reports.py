@@ -14,6 +14,13 @@ machine are pessimistic for the server.
 
     python bench/cp_reports.py --backend sqlite --runs 3
     python bench/cp_reports.py --backend postgresql   # starts a throw-away PostgreSQL (Debian binaries)
+
+``--mode failover`` kills the leader of two control planes under load and times the standby's first policy
+round, counting reports lost; ``--mode storm`` restarts the control plane under the fleet, once with the agents'
+old retry (fixed doubling) and once with today's (full jitter, Retry-After). ``bench/cp_failover.py`` says how.
+
+    python bench/cp_reports.py --mode failover --backend postgresql
+    python bench/cp_reports.py --mode storm --backend postgresql
 """
 
 from __future__ import annotations
@@ -353,10 +360,19 @@ def main() -> int:
     p.add_argument("--history-minutes", type=float, default=15.0,
                    help="sample history written before the load, so policy rounds carry a full window")
     p.add_argument("--quick", action="store_true", help="50 agents, 2 minutes of history, 15 s of load, one run")
+    p.add_argument("--mode", choices=["load", "failover", "storm"], default="load")
+    p.add_argument("--settle", type=float, default=20.0, help="failover, storm: seconds of steady load first")
+    p.add_argument("--after", type=float, default=10.0, help="failover: seconds of load after the first round")
+    p.add_argument("--down", type=float, default=20.0, help="storm: seconds the control plane stays down")
+    p.add_argument("--cold-standby", action="store_true",
+                   help="failover: also run each failover with a standby that does not follow (as before)")
     args = p.parse_args()
     if args.quick:
         args.agents, args.history_minutes, args.duration, args.runs = 50, 2.0, 15.0, 1
     from tests.helpers import free_port
+
+    if args.mode != "load":
+        return resilience(args)
 
     results = []
     for run in range(args.runs):
@@ -414,6 +430,46 @@ def main() -> int:
                                "runs": results, "medians": median,
                                "note": "the load generator and the database share this host's cores with the "
                                        "server"}, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+def resilience(args: argparse.Namespace) -> int:
+    """The failover or storm runs (``bench/cp_failover.py``), with medians, into bench/results."""
+    from bench import cp_failover
+    from tests.helpers import free_port
+
+    results: list[dict[str, float | int | str]] = []
+    for run in range(args.runs):
+        with database(args.backend, free_port()) as url, tempfile.TemporaryDirectory() as work:
+            seeded = seed_history(url, args.agents, args.gpus, args.replicas, args.interval, args.history_minutes)
+            templates = [_template(f"node-{i:04d}", args.gpus, args.replicas) for i in range(args.agents)]
+            if args.mode == "failover":
+                outcomes: list[dict[str, float | int | str]] = [asyncio.run(cp_failover.failover(
+                    url, templates, Path(work), (free_port(), free_port()), interval=args.interval,
+                    settle=args.settle, after=args.after, concurrency=args.concurrency, warm=warm))
+                    for warm in ([True, False] if args.cold_standby else [True])]
+            else:
+                outcomes = [asyncio.run(cp_failover.storm(url, templates, Path(work), free_port(),
+                                                          interval=args.interval, settle=args.settle,
+                                                          down=args.down, retry=retry,
+                                                          concurrency=args.concurrency))
+                            for retry in ("fixed", "jitter")]
+        for outcome in outcomes:
+            result = {"run": run + 1, "backend": args.backend, "mode": args.mode, "seeded_rows": seeded, **outcome}
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    groups: dict[str, list[dict[str, float | int | str]]] = {}
+    for r in results:
+        groups.setdefault(str(r.get("retry", r.get("standby", ""))), []).append(r)
+    medians = {group or "all": {k: statistics.median(float(r[k]) for r in rs) for k, v in rs[0].items()
+                                if isinstance(v, int | float) and k != "run"} for group, rs in groups.items()}
+    print(json.dumps({"median_of": args.runs, "medians": medians}), flush=True)
+    out = args.out or ROOT / "bench" / "results" / f"cp_{args.mode}.{args.backend}.json"
+    out.write_text(json.dumps({"benchmark": f"cp_reports --mode {args.mode}",
+                               "settings": vars(args) | {"out": shown_path(out)}, "runs": results,
+                               "medians": medians, "note": "the load generator, the control planes and the "
+                               "database share this host's cores"}, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -13,6 +13,15 @@ seconds (``policy_for_seconds`` in the output); measured from the fault to the a
 ``thermal`` alert) and to the agent acting (the replica leaving READY; none for alerts). For the stall the agent
 acts first and on its own: fault → readiness off (WEDGED, on the agent's default canary settings), fault →
 the restart record, fault → READY again at a new generation.
+Pitstop's own time past ``for:`` (``pitstop_overhead_s``): from the moment the control plane's stored samples
+first met the policy's condition to the action record's ``created_at``. That moment is the first sample of
+the unbroken run of samples that crossed the threshold (samples are filed under their report's ``sent_at``,
+the earliest the control plane could know of them), plus ``for:``; for the stall, the first sample that read
+the generation counter at its final value plus ``for:``, or the receipt of the report carrying the agent's
+WEDGED verdict when that came later (the detector needs both; ``pitstop_due_by`` says which). What it counts:
+the round waiting for its turn (report interval, debounce, policy interval, duty cap, the policy process's
+wake-up), never the signal's own climb past its threshold (``pitstop_crossing_s``, fault to the first crossing
+sample) nor the ``for:``.
 Baseline, side by side in the same run: Prometheus scraping the same agent every 15 s with the repo's rules
 unchanged (``alerts/pitstop-rules.yml``: EngineStalled ``for: 2m``, TTFTSLOBreach ``for: 1m``, GPUHot
 ``for: 2m`` / GPUThrottled ``for: 1m``), Alertmanager with ``group_wait: 30s``, a webhook receiver;
@@ -29,6 +38,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +47,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness.crossing import Due, stall_due, thermal_due, threshold_due
 from bench.harness.figures import fmt, host_note, median, ratio, table, write_json
 from bench.harness.fleet import Fleet, ListenWatch, Replica, wall
 from bench.harness.load import BackgroundLoad
@@ -49,7 +60,12 @@ from bench.harness.stock_alerting import (
     start_alertmanager,
     start_prometheus,
 )
-from controlplane.policy_files import DEFAULTS_DIR
+from controlplane.fleet.queries import list_events
+from controlplane.policy.conditions import Condition, StallCondition, ThermalCondition, ThresholdCondition
+from controlplane.policy.snapshot import FleetSnapshot
+from controlplane.policy_files import DEFAULTS_DIR, load_directory
+from controlplane.remediation.snapshot import build_snapshot
+from controlplane.store.db import make_engine, make_sessionmaker, session_scope
 from enginesim.loadgen import LoadSpec
 
 HANG_AFTER = 20.0  # past start and warmup: a replica must be READY before it wedges
@@ -129,6 +145,43 @@ class Poller:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+def condition_due(fleet: Fleet, policies: Path, actions: dict[str, dict[str, Any] | None]) -> dict[str, Due | None]:
+    """Per fault, when the stored samples first met the acting policy's condition (``bench.harness.crossing``),
+    read from the control plane's database once it has stopped."""
+    by_name = {p.name: p for p in load_directory(policies)}
+    engine = make_engine(fleet.database_url)
+    out: dict[str, Due | None] = {}
+    try:
+        with session_scope(make_sessionmaker(engine)) as session:
+            snapshot = build_snapshot(session=session, now=datetime.now(UTC), history=timedelta(minutes=30))
+            wedged = [e.received_at for e in list_events(session=session, limit=500, replica="p-stalled")
+                      if e.to_state == "WEDGED"]
+        for fault, action in actions.items():
+            out[fault] = None if action is None else _due(fault, action, snapshot, by_name[POLICY[fault]].condition,
+                                                          min(wedged, default=None))
+    finally:
+        engine.dispose()
+    return out
+
+
+def _due(fault: str, action: dict[str, Any], snapshot: FleetSnapshot, cond: Condition,
+         wedged_at: datetime | None) -> Due | None:
+    at = datetime.fromisoformat(action["created_at"])
+    subject = action["target"].partition(":")[2]
+    if fault == "hot":
+        assert isinstance(cond, ThermalCondition)
+        gpu = next((g for g in snapshot.gpus if g.key == subject), None)
+        return None if gpu is None else thermal_due(cond, gpu, at)
+    replica = next((r for r in snapshot.replicas if r.key == subject), None)
+    if replica is None:
+        return None
+    if fault == "ttft":
+        assert isinstance(cond, ThresholdCondition)
+        return threshold_due(cond, replica.history, at)
+    assert isinstance(cond, StallCondition)
+    return stall_due(cond.for_, replica.history, at, wedged_at)
 
 
 def fault_fleet() -> tuple[list[Replica], dict[str, Replica]]:
@@ -235,12 +288,15 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
             loop.__exit__()
         for load in loads:
             load.stop()
+    recorded = {f: poller.first_record(POLICY[f], "bench-node/3" if f == "hot" else "" if f == "ttft"
+                                       else f"p-{REPLICA[f]}") for f in FAULTS}
+    due = condition_due(fleet, policies, recorded)
     out: dict[str, Any] = {"deliveries": sorted({d.labels.get("alertname", "") + " " + ",".join(
         f"{k}={d.labels[k]}" for k in ("replica", "gpu", "model") if k in d.labels) for d in hook.deliveries})}
     for fault in FAULTS:
         names = [f"p-{REPLICA[fault]}"] if fault != "ttft" else ["p-slow0", "p-slow1"]
-        target = "bench-node/3" if fault == "hot" else "" if fault == "ttft" else names[0]
-        action = poller.first_record(POLICY[fault], target)
+        action = recorded[fault]
+        met = due[fault]
         # An alert asks nothing of the agent (a restart seen on the TTFT replicas would be another policy's).
         acted = None if fault == "ttft" else min((poller.left_ready[n] for n in names if n in poller.left_ready),
                                                  default=None)
@@ -251,6 +307,9 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         finding = (action.get("evidence") or [{}])[0] if action and stall else {}
         out[fault] = {
             "pitstop_action_s": wall(action["created_at"]) - fault_at[(fault, "p")] if action else None,
+            "pitstop_crossing_s": met.crossed_at.timestamp() - fault_at[(fault, "p")] if met else None,
+            "pitstop_overhead_s": wall(action["created_at"]) - met.due_at.timestamp() if action and met else None,
+            "pitstop_due_by": met.by if met else None,
             "pitstop_action": {k: action[k] for k in ("kind", "policy", "target", "state")} if action else None,
             "pitstop_agent_acted_s": acted - fault_at[(fault, "p")] if acted else None,
             "pitstop_ready_off_s": not_ready - fault_at[(fault, "p")] if not_ready else None,
@@ -270,7 +329,8 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[list[str
     medians, rows = {}, []
     for fault in FAULTS:
         m: dict[str, Any] = {k: median([r[fault][k] for r in runs if r[fault][k] is not None])
-                             for k in ("pitstop_action_s", "pitstop_agent_acted_s", "pitstop_ready_off_s",
+                             for k in ("pitstop_action_s", "pitstop_crossing_s", "pitstop_overhead_s",
+                                       "pitstop_agent_acted_s", "pitstop_ready_off_s",
                                        "pitstop_ready_again_s")}
         waited = [r[fault]["baseline_s"] if r[fault]["baseline_s"] is not None else r[fault].get("baseline_waited_s")
                   for r in runs]
@@ -280,6 +340,7 @@ def summarize(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[list[str
         medians[fault] = m
         bound = ">=" if m["baseline_lower_bound"] else ""
         rows.append([fault, fmt(m["pitstop_ready_off_s"], " s"), fmt(m["pitstop_action_s"], " s"),
+                     fmt(m["pitstop_crossing_s"], " s"), fmt(m["pitstop_overhead_s"], " s"),
                      fmt(m["pitstop_ready_again_s"], " s"), fmt(m["pitstop_agent_acted_s"], " s"),
                      bound + fmt(m["baseline_s"], " s"), bound + fmt(m["ratio"], "x"),
                      "/".join(f"{a} for {rule_for(a)}" for a in ALERTS[fault])])
@@ -304,7 +365,8 @@ def main() -> int:
         runs.append(r)
         print(f"run {i + 1}: delivered {r['deliveries']}")
         print(f"run {i + 1}: " + "; ".join(
-            f"{f}: pitstop {fmt(r[f]['pitstop_action_s'], ' s')} (agent {fmt(r[f]['pitstop_agent_acted_s'], ' s')}),"
+            f"{f}: pitstop {fmt(r[f]['pitstop_action_s'], ' s')} (past for: {fmt(r[f]['pitstop_overhead_s'], ' s')},"
+            f" agent {fmt(r[f]['pitstop_agent_acted_s'], ' s')}),"
             f" baseline {fmt(r[f]['baseline_s'], ' s')} {r[f]['baseline_alert'] or ''}" for f in FAULTS), flush=True)
     medians, rows = summarize(runs)
     baseline_note = ("SHORTENED baseline (scrape 5 s, rule for: 10 s, group_wait 5 s)" if args.quick
@@ -312,7 +374,8 @@ def main() -> int:
     loop = "control plane's policy job" if server_runs_policies() else "stand-in policy loop (bench/harness)"
     print(f"\nfault to action, medians of {args.runs} run(s); {loop}, policies with for: {args.policy_for:g} s; "
           f"{baseline_note}; {host_note()}")
-    print(table(["fault", "readiness off", "pitstop action", "READY again", "agent acted", "baseline webhook",
+    print(table(["fault", "readiness off", "pitstop action", "first crossing", "past for:", "READY again",
+                 "agent acted", "baseline webhook",
                  "baseline/pitstop", "stock rule"],
                 rows))
     write_json(args.out, "fault_to_action", {

@@ -85,6 +85,9 @@ class ServerConfig(BaseModel):
     policy_process_nice: int = Field(default=10, ge=0, le=19)
     # How much sample history a policy pass reads.
     policy_history_seconds: float = Field(default=900.0, gt=0)
+    # A follower keeps that history current (a warm standby: taking the lead then reads seconds of samples, not
+    # the whole window, which took a 1,000-node fleet's new leader over a minute); false saves its memory.
+    policy_warm_standby: bool = True
     # Fleet-wide guardrails (budgets, rate limit, breaker): ``controlplane.policy.guardrails.GuardConfig``.
     guardrails: dict[str, Any] = Field(default_factory=dict)
     # Canaries: how long a canary runs beside its peers before it is judged, and how much worse it may be.

@@ -5,8 +5,10 @@ checks leadership first, so followers serve the API and nothing else. Each job d
 errors are logged with the job's name and the next round retries (APScheduler keeps the timing).
 
 The policy round runs every ``policy_interval_seconds`` and also ``policy_debounce_seconds`` after a report
-(``poke``): a burst of reports within the debounce makes one round, not one per report. A slow round (a
-large fleet) delays the next one so rounds use at most ``policy_max_duty`` of the time: reports come first.
+(``poke``): a burst of reports within the debounce makes one round, not one per report. A round that sees a
+condition under way also books one for the moment its ``for:`` completes (``RoundResult.next_due``). A slow
+round (a large fleet) delays the next one so rounds use at most ``policy_max_duty`` of the time: reports come
+first.
 ``pitstop server`` runs the rounds in a process of their own (``controlplane.policy_process``), so they
 never share this process's interpreter lock with the report path; embedded apps and tests run them here.
 """
@@ -30,6 +32,7 @@ from controlplane.notify import notifier
 from controlplane.notify.notifier import Links
 from controlplane.notify.outbox import send_due
 from controlplane.notify.secrets import NotifierConfigError, ResolvedNotifier, read_secret_file, resolve_secrets
+from controlplane.policy.due import wait_seconds
 from controlplane.policy.guardrails import GuardConfig
 from controlplane.policy.rollout import RolloutSettings
 from controlplane.policy_process import PolicyProcess
@@ -62,7 +65,7 @@ def rollout_settings(config: ServerConfig) -> RolloutSettings:
 class Jobs:
     def __init__(self, *, sessions: sessionmaker[Session], leadership: Leadership, config: ServerConfig,
                  clock: Callable[[], datetime], on_leadership: Callable[[bool], None] = lambda _: None,
-                 policy_hook: PolicyHook | None = None, on_round: Callable[[float], None] = lambda _: None,
+                 policy_hook: PolicyHook | None = None, on_round: Callable[[float, float], None] = lambda *_: None,
                  heap: HeapFreezer | None = None, policy_process: PolicyProcess | None = None,
                  on_notified: Callable[[str, str, int], None] = lambda *_: None) -> None:
         self._sessions = sessions
@@ -92,9 +95,14 @@ class Jobs:
     def last_round(self) -> RoundResult | None:
         return self.rounds.last_round
 
+    @property
+    def history_samples(self) -> int:
+        """Samples the policy rounds' history holds (the leader's window, or a warm standby's)."""
+        return self.process.history_samples if self.process is not None else len(self.rounds.samples)
+
     def elect(self) -> bool:
         leader = self._leadership.tick()
-        if not leader:
+        if not leader and not self._config.policy_warm_standby:
             self.rounds.forget()
         if self.process is not None:
             self.process.set_leader(leader)
@@ -137,14 +145,29 @@ class Jobs:
 
     def evaluate(self) -> RoundResult | None:
         """One policy round in this process (skipped when one is running or the duty cap says wait), then
-        apply what it approved at once."""
+        apply what it approved at once. A follower keeps the rounds' sample history current instead."""
         if not self._leadership.is_leader:
+            if self._config.policy_warm_standby:
+                self.rounds.follow()
             return None
         done = self.rounds.run()
         if done is None:
             return None
-        self._on_round(done[1])
+        self._on_round(done[1], self._clock().timestamp())  # its duration, and when it ended
+        self._evaluate_when_due(done[0])
         return done[0]
+
+    def _evaluate_when_due(self, result: RoundResult | None) -> None:
+        """A condition under way completes its ``for:`` before the next round would come: a round at that
+        moment (``policy.due``), so acting never waits for the next report or interval past it."""
+        if result is None or result.next_due is None or not self._scheduler.running:
+            return
+        interval = self._config.policy_interval_seconds
+        wait = wait_seconds(result.next_due, self._clock(), interval)
+        if wait >= interval:
+            return  # the interval's own round comes first
+        self._scheduler.add_job(self.evaluate, "date", run_date=datetime.now(UTC) + timedelta(seconds=wait),
+                                id="evaluate_due", replace_existing=True, misfire_grace_time=None)
 
     def poke(self) -> None:
         """A report arrived: evaluate soon (once per debounce interval however many reports arrive)."""

@@ -7,17 +7,23 @@ leader checks its connection as often and steps down the moment that fails. Lead
 the scheduled jobs; safety does not rest on it: actions are claimed by a conditional state change, so even two
 processes that both believed they led could not apply one action twice.
 
-SQLite has one writer and is meant for one process: that process leads.
+SQLite has no session locks: there the lock is an exclusive ``flock`` on a file beside the database, which the
+kernel releases the moment the holder's process ends (``kill -9`` included), so a standby on the same host takes
+over as on PostgreSQL. An in-memory database is one process's own: that process leads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
+import os
 import threading
+from pathlib import Path
 from typing import Protocol
 
 from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
@@ -103,5 +109,49 @@ class AdvisoryLockLeadership:
             self._engine.dispose()
 
 
+class FileLockLeadership:
+    """Leader while holding an exclusive ``flock`` on ``path`` (SQLite: a file beside the database)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd: int | None = None
+        self._mutex = threading.Lock()
+
+    @property
+    def is_leader(self) -> bool:
+        return self._fd is not None
+
+    def tick(self) -> bool:
+        with self._mutex:
+            if self._fd is not None:
+                return True
+            try:
+                fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as exc:
+                log.warning("leader election: cannot open %s (%s); not leading", self._path, exc.strerror)
+                return False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            self._fd = fd
+            log.warning("leader election: this control plane now leads")
+            return True
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._fd is not None:
+                os.close(self._fd)  # closing the only descriptor releases the lock
+                self._fd = None
+
+
 def leadership_for(url: str) -> Leadership:
-    return AdvisoryLockLeadership(url) if url.startswith("postgresql") else SingleProcessLeadership()
+    if url.startswith("postgresql"):
+        return AdvisoryLockLeadership(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        database = Path(parsed.database)
+        database.parent.mkdir(parents=True, exist_ok=True)
+        return FileLockLeadership(database.with_name(database.name + ".leader"))
+    return SingleProcessLeadership()

@@ -24,6 +24,7 @@ from multiprocessing.synchronize import Event
 from typing import Any
 
 from controlplane.config import ServerConfig
+from controlplane.policy.due import wait_seconds
 from controlplane.policy.lifecycle import ActionState
 
 log = logging.getLogger(__name__)
@@ -33,22 +34,25 @@ _SPAWN = multiprocessing.get_context("spawn")  # no fork: the parent has threads
 class PolicyProcess:
     """The API process's handle on the policy process."""
 
-    def __init__(self, config: ServerConfig, *, on_round: Callable[[float], None] = lambda _: None,
+    def __init__(self, config: ServerConfig, *, on_round: Callable[[float, float], None] = lambda *_: None,
                  on_finished: Callable[[str, ActionState], None] = lambda _kind, _state: None,
                  log_level: str = "info") -> None:
         self._on_round = on_round
         self._on_finished = on_finished
         # A lock-free byte: written by the election job, read by the policy process each round.
         self._leader: Synchronized[int] = _SPAWN.RawValue("b", 0)
+        # Samples the policy process's history holds (leading or following), written after each round or follow.
+        self._held: Synchronized[int] = _SPAWN.RawValue("q", 0)
         self._poke = _SPAWN.Event()
         self._stop = _SPAWN.Event()
-        self._rounds: multiprocessing.Queue[float] = _SPAWN.Queue()
+        # (duration, when it ended as Unix time) of each round.
+        self._rounds: multiprocessing.Queue[tuple[float, float]] = _SPAWN.Queue()
         # (kind, final state) of each action the policy process's rounds finished, once committed.
         self._finished: multiprocessing.Queue[tuple[str, str]] = _SPAWN.Queue()
         self._process = _SPAWN.Process(
             target=worker_main, name="pitstop-policy", daemon=True,
             args=(config, log_level, self._leader, self._poke, self._stop, self._rounds, os.getpid(),
-                  self._finished))
+                  self._finished, self._held))
 
     def start(self) -> None:
         self._process.start()
@@ -61,13 +65,17 @@ class PolicyProcess:
     def poke(self) -> None:
         self._poke.set()
 
+    @property
+    def history_samples(self) -> int:
+        return int(self._held.value)
+
     def alive(self) -> bool:
         return self._process.is_alive()
 
     def _collect_rounds(self) -> None:
         while True:
             try:
-                self._on_round(self._rounds.get_nowait())
+                self._on_round(*self._rounds.get_nowait())
             except queue.Empty:
                 break
         while True:
@@ -91,9 +99,10 @@ class PolicyProcess:
 
 
 def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int], poke: Event, stop: Event,
-                rounds: multiprocessing.Queue[float], parent: int,
-                finished: multiprocessing.Queue[tuple[str, str]]) -> None:
-    """The policy process: a round every ``policy_interval_seconds`` and after pokes, while the parent leads.
+                rounds: multiprocessing.Queue[tuple[float, float]], parent: int,
+                finished: multiprocessing.Queue[tuple[str, str]], held: Synchronized[int] | None = None) -> None:
+    """The policy process: a round every ``policy_interval_seconds`` and after pokes, while the parent leads;
+    while it follows, the same pace keeps the sample history current (``PolicyRounds.follow``).
 
     It ignores SIGINT and SIGTERM: a Ctrl-C or a stop signal to the process group is the API process's to
     handle, which then stops this one in order; one killed mid-wait could leave a shared lock taken and hang
@@ -118,29 +127,49 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
     watch(sessions, lambda kind, state: finished.put((kind, state.value)))
     runner = PolicyRounds(sessions=sessions, config=config, clock=lambda: datetime.now(UTC), heap=HeapFreezer())
     led = False
+    due: datetime | None = None  # when a condition under way completes its for: (the last round's next_due)
     try:
         while not stop.is_set() and os.getppid() == parent:
-            if poke.wait(timeout=config.policy_interval_seconds) and not stop.is_set():
+            wait = wait_seconds(due, datetime.now(UTC), config.policy_interval_seconds)
+            if poke.wait(timeout=wait) and not stop.is_set():
                 stop.wait(config.policy_debounce_seconds)  # a burst of reports makes one round
                 poke.clear()
+            due = None
             if stop.is_set():
                 break
             if not leader.value:
-                if led:
-                    runner.forget()
+                if not config.policy_warm_standby:
+                    if led:
+                        runner.forget()
+                else:
+                    _follow(runner)
+                if held is not None:
+                    held.value = len(runner.samples)
                 led = False
                 continue
             led = True
-            _one_round(runner, rounds)
+            due = _one_round(runner, rounds)
+            if held is not None:
+                held.value = len(runner.samples)
     finally:
         engine.dispose()
 
 
-def _one_round(runner: Any, rounds: multiprocessing.Queue[float]) -> None:
+def _follow(runner: Any) -> None:
+    try:
+        runner.follow()
+    except Exception:  # the next interval retries; the history stays as it was
+        log.exception("following the sample history failed")
+
+
+def _one_round(runner: Any, rounds: multiprocessing.Queue[tuple[float, float]]) -> datetime | None:
+    """One round; returns its ``next_due`` (None when it was skipped or failed)."""
     try:
         done = runner.run()
     except Exception:  # the next round retries; one bad round must not end the policy process
         log.exception("policy round failed")
-        return
-    if done is not None:
-        rounds.put(done[1])
+        return None
+    if done is None:
+        return None
+    rounds.put((done[1], datetime.now(UTC).timestamp()))
+    return done[0].next_due if done[0] is not None else None

@@ -1,7 +1,9 @@
 """``PolicyRounds``: one policy round at a time, with the leader's history cache and the duty cap.
 
 A round re-reads changed policy files, builds the fleet snapshot (new samples only, from the history
-cache), evaluates, guards and records the decisions, then applies what was approved at once. The same
+cache), evaluates, guards and records the decisions, then applies what was approved at once. While another
+control plane leads, ``follow`` keeps the same cache current (a warm standby), so taking the lead costs one
+delta read instead of the whole window (docs/design.md, "Failover"). The same
 object runs in the API process (embedded apps, tests) or in the policy process ``pitstop server`` starts
 (``controlplane.policy_process``), where a large fleet's evaluation cannot hold up the report path.
 """
@@ -52,16 +54,44 @@ class PolicyRounds:
         self._monotonic = monotonic
         self.policies = PolicySet.from_config(config)
         self.guard_config = GuardConfig.model_validate(config.guardrails)
-        # The leader's in-memory sample history; a follower keeps none (``forget`` on losing the lead).
+        # The in-memory sample history: the leader's rounds read it, a warm standby keeps it current (``follow``).
         self.samples = SampleHistory(timedelta(seconds=config.policy_history_seconds))
         self._running = threading.Lock()
         self._next_round_at = 0.0
+        self._next_follow_at = 0.0
         self._forget = False
         self.last_round: RoundResult | None = None
 
     def forget(self) -> None:
-        """Leadership was lost: the next round (of a later term) reads the history window afresh."""
+        """Leadership was lost and this process will not follow: the next round reads the window afresh."""
         self._forget = True
+
+    def follow(self) -> int | None:
+        """Another control plane leads: read the samples stored since the last read into the history, as a
+        round would, and evaluate nothing; the rows added, or None when a round is running, the last follow was
+        under ``policy_interval_seconds`` ago, or policies are off.
+
+        The history is the samples table's, whichever control plane stored them, so what a standby reads stays
+        valid when it takes the lead: its first round reads only the rows since its last ``follow``."""
+        # At most once per interval: a follower behind a load balancer receives reports (and pokes) too.
+        if not self._config.policies_enabled or self._monotonic() < self._next_follow_at:
+            return None
+        if not self._running.acquire(blocking=False):
+            return None
+        try:
+            if self._forget:
+                self.samples.clear()
+                self._forget = False
+            with session_scope(self._sessions) as session:
+                added = self.samples.refresh(session, self._clock())
+            # A standby's whole-window read delays no round: it must not count against the duty cap later.
+            self.samples.cold_seconds = 0.0
+            self._next_follow_at = self._monotonic() + self._config.policy_interval_seconds
+            if self._heap is not None:
+                self._heap.after_round()
+            return added
+        finally:
+            self._running.release()
 
     def due(self) -> bool:
         return self._monotonic() >= self._next_round_at

@@ -72,11 +72,11 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
     telemetry.serve_store(lambda: read_store(sessions, clock, ctx.stale_after))
     process = None
     if policy_process and config.policies_enabled:
-        process = PolicyProcess(config, on_round=ctx.telemetry.policy_round_seconds.observe,
+        process = PolicyProcess(config, on_round=ctx.telemetry.policy_round,
                                 on_finished=telemetry.count_finished, log_level=log_level)
     jobs = Jobs(sessions=sessions, leadership=ctx.leadership, config=config, clock=clock,
-                on_leadership=lambda leads: ctx.telemetry.leader.set(1 if leads else 0), policy_hook=policy_hook,
-                on_round=ctx.telemetry.policy_round_seconds.observe, heap=heap, policy_process=process,
+                on_leadership=lambda leads: ctx.telemetry.lead(leads, clock().timestamp()), policy_hook=policy_hook,
+                on_round=ctx.telemetry.policy_round, heap=heap, policy_process=process,
                 on_notified=lambda receiver, outcome, n: ctx.telemetry.notifications.labels(
                     receiver=receiver, outcome=outcome).inc(n))
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from pydantic import BaseModel, ValidationError
+from sqlalchemy.exc import OperationalError
 
 from agent.wire import (
     PROTOCOL_VERSION,
@@ -106,7 +107,8 @@ def _out_of_order(report: NodeReport, written: Written) -> HTTPException:
                413: {"description": "report too large"},
                422: {"description": "malformed report, impossible values, or a clock too far from the control "
                      "plane's (max_clock_skew_seconds); the detail names each field"},
-               503: {"description": "too many reports waiting to be written, or the write timed out; retry"}},
+               503: {"description": "too many reports waiting to be written, the write timed out, or the database "
+                     "is unavailable; retry, no sooner than Retry-After"}},
 )
 async def post_report(node: str, request: Request) -> Response:
     ctx = get_context(request)
@@ -131,6 +133,10 @@ async def post_report(node: str, request: Request) -> Response:
         outcome = await asyncio.wait_for(asyncio.wrap_future(written), ctx.config.report_write_timeout_seconds)
     except TimeoutError as exc:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the report was not written in time; retry",
+                            headers={"Retry-After": str(BACKLOG_RETRY_AFTER_SECONDS)}) from exc
+    except OperationalError as exc:  # the database is away (restarting, failing over): nothing was stored
+        ctx.telemetry.reject("database_unavailable")
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the database is unavailable; retry later",
                             headers={"Retry-After": str(BACKLOG_RETRY_AFTER_SECONDS)}) from exc
     ctx.telemetry.reports_received.labels(outcome=outcome.verdict.value).inc()
     if outcome.verdict is Verdict.OUT_OF_ORDER:

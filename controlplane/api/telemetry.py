@@ -16,7 +16,7 @@ from pitstop import __version__
 
 # Reasons a report is refused; a fixed set so the label's cardinality is bounded.
 REJECT_REASONS = ("unauthorized", "forbidden", "too_large", "malformed", "node_mismatch", "protocol_version",
-                  "clock_skew", "backlogged")
+                  "clock_skew", "backlogged", "database_unavailable")
 # Reasons an Alertmanager webhook payload is refused, likewise fixed.
 ALERTMANAGER_REJECT_REASONS = ("unauthorized", "forbidden", "too_large", "malformed", "version")
 # What an Alertmanager alert was mapped to.
@@ -29,6 +29,8 @@ class Telemetry:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._led_since = 0.0
+        self._round_ended = 0.0
         self.request_seconds = Histogram(
             "pitstop_cp_request_duration_seconds", "Control-plane HTTP request latency.",
             ["method", "route", "status"], registry=self.registry,
@@ -45,6 +47,19 @@ class Telemetry:
         self.leader = Gauge(
             "pitstop_cp_leader", "1 while this control plane is the leader (runs the scheduler and executor).",
             registry=self.registry,
+        )
+        self.leader_since = Gauge(
+            "pitstop_cp_leader_since_timestamp_seconds", "When this control plane took the lead (Unix time); 0 while "
+            "it follows.", registry=self.registry,
+        )
+        self.policy_round_end = Gauge(
+            "pitstop_cp_policy_round_end_timestamp_seconds", "When this control plane's last policy round ended "
+            "(Unix time): with the leader's since, how long a new leader went without a round.",
+            registry=self.registry,
+        )
+        self.history_samples = Gauge(
+            "pitstop_cp_policy_history_samples", "Samples the policy rounds hold in memory: the leader's window, "
+            "or a warm standby's (updated on each scrape).", registry=self.registry,
         )
         self.policy_round_seconds = Histogram(
             "pitstop_cp_policy_round_seconds", "Duration of one policy round on the leader (snapshot, evaluation, "
@@ -93,6 +108,21 @@ class Telemetry:
             self.alertmanager_rejected.labels(reason=reason)
         for kind in ALERTMANAGER_TARGET_KINDS:
             self.alertmanager_alerts.labels(target=kind)
+
+    def lead(self, leads: bool, now: float) -> None:
+        """The election's verdict at ``now`` (Unix time): the leader gauge, and since when this term began."""
+        self.leader.set(1 if leads else 0)
+        if not leads:
+            self._led_since = 0.0
+        elif not self._led_since:
+            self._led_since = now
+        self.leader_since.set(self._led_since)
+
+    def policy_round(self, seconds: float, ended_at: float) -> None:
+        """One policy round took ``seconds`` and ended at ``ended_at`` (Unix time)."""
+        self.policy_round_seconds.observe(seconds)
+        self._round_ended = max(ended_at, self._round_ended)
+        self.policy_round_end.set(self._round_ended)
 
     def reject(self, reason: str) -> None:
         self.reports_rejected.labels(reason=reason).inc()

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from controlplane.policy.due import next_due
 from controlplane.policy.evaluate import evaluate
 from controlplane.policy.guardrails import Decision, GuardConfig, Verdict, decide
 from controlplane.policy.kinds import find
@@ -41,6 +42,8 @@ class RoundResult:
     skipped_open: int = 0
     breaker_tripped: str | None = None
     resolved: list[int] = field(default_factory=list)
+    # The next moment a condition under way completes its ``for:`` (``policy.due``): the next round's turn.
+    next_due: datetime | None = None
 
 
 @dataclass
@@ -120,6 +123,7 @@ def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_
     snapshot = build_snapshot(session=session, now=now, history=history, samples=samples)
     proposed = evaluate(policies, snapshot, now)
     result.proposed = len(proposed)
+    result.next_due = next_due(policies, snapshot, now)
     by_name = {p.name: p for p in policies}
     # Alerts the policies still propose hold; the ones they stopped proposing resolve once clear long enough.
     result.resolved = alerting.sync(session=session, proposals=proposed, snapshot=snapshot, policies=by_name,

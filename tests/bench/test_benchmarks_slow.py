@@ -112,6 +112,26 @@ def test_control_plane_benchmark_keeps_up_and_times_its_rounds(tmp_path: Path) -
 
 
 @pytest.mark.timeout(420)
+def test_cp_failover_the_standby_acts_and_no_report_is_lost(tmp_path: Path) -> None:
+    doc = run_quick("cp_reports.py", tmp_path / "fo.json", "--mode", "failover", "--settle", "2", "--after", "1")
+    [run] = doc["runs"]
+    assert run["standby"] == "warm" and run["reports_acked"] > 100, run
+    assert run["reports_lost"] == 0 and run["reports_double"] == 0 and run["agents_with_gaps"] == 0, run
+    # The standby took the lock after the kill and then finished a round; every agent reported to it.
+    assert 0 < run["kill_to_lock_s"] < run["kill_to_first_round_s"], run
+    assert run["agents_current_after_kill_s"] > 0, run
+
+
+@pytest.mark.timeout(420)
+def test_cp_storm_both_retry_modes_bring_every_agent_back(tmp_path: Path) -> None:
+    doc = run_quick("cp_reports.py", tmp_path / "storm.json", "--mode", "storm", "--settle", "6", "--down", "5")
+    assert [r["retry"] for r in doc["runs"]] == ["fixed", "jitter"]
+    for run in doc["runs"]:
+        assert run["failed_attempts"] > 0 and run["peak_per_s_after_restart"] > 0, run
+        assert run["restart_to_ready_s"] < run["kill_to_all_current_s"], run
+
+
+@pytest.mark.timeout(420)
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus and alertmanager")
 def test_fault_to_page_pitstop_pages_before_the_stock_pipeline(tmp_path: Path) -> None:
     doc = run_quick("fault_to_page.py", tmp_path / "f2p.json")

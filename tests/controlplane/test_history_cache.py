@@ -6,10 +6,11 @@ from datetime import timedelta
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 
 from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.snapshot import build_snapshot
+from controlplane.rounds import PolicyRounds
 from controlplane.store.db import session_scope
 from controlplane.store.models import Sample
 from tests.controlplane.fixtures import T0, FakeClock, body, gpu, replica, report
@@ -84,3 +85,52 @@ def test_a_new_leader_term_reads_the_window_afresh(client: TestClient, clock: Fa
         cache.clear()
         assert len(cache) == 0
         assert cache.refresh(session, clock.now) == 9
+
+
+def _snapshot_histories(snap: Any) -> tuple[list[Any], list[Any]]:
+    # Whole samples (every field: dataclass equality), per replica and per GPU, in the snapshot's order.
+    return [(r.key, r.history) for r in snap.replicas], [(g.node, g.index, g.history) for g in snap.gpus]
+
+
+def test_a_standby_that_followed_builds_the_snapshot_a_cold_leader_builds(client: TestClient,
+                                                                           clock: FakeClock) -> None:
+    ctx = client.app.state.pitstop  # type: ignore[attr-defined]
+    window = timedelta(minutes=1)
+    config = ctx.config.model_copy(update={"policy_history_seconds": window.total_seconds()})
+    standby = PolicyRounds(sessions=ctx.sessions, config=config, clock=clock,
+                           monotonic=lambda: (clock.now - T0).total_seconds())
+    top = 0
+    for i in range(9):  # 90 s of reports, past the one-minute window: the standby's history slides too
+        _post(client, i)
+        _post(client, i, node="gpu-b")
+        clock.now = T0 + timedelta(seconds=10 * i + 1)
+        if i == 4:
+            # Ids handed out before others but committed after a follow read past them (PostgreSQL): a hole, then
+            # (on PostgreSQL) every later report's ids below the largest one read, then the hole filled.
+            with session_scope(ctx.sessions) as session:
+                top = max(session.scalars(select(Sample.id)).all())
+                session.execute(insert(Sample).values(id=top + 10_000, node="gpu-a", subject_kind="replica",
+                                                      subject="r1", at=clock.now, resolution_seconds=0,
+                                                      values={"ttft_p99_seconds": 0.7}))
+        if i == 5:
+            with session_scope(ctx.sessions) as session:
+                session.execute(insert(Sample).values(id=top + 9_990, node="gpu-a", subject_kind="replica",
+                                                      subject="r1", at=clock.now - timedelta(seconds=9),
+                                                      resolution_seconds=0, values={"ttft_p99_seconds": 0.9}))
+        assert standby.follow() is not None
+        assert standby.follow() is None  # once per policy interval, however many reports poke it
+    assert standby.last_round is None  # following evaluates nothing
+    _post(client, 9)
+    clock.now = T0 + timedelta(seconds=92)
+    with session_scope(ctx.sessions) as session:
+        # Taking the lead costs the rows stored since the last follow: one report, three samples.
+        assert standby.samples.refresh(session, clock.now) == 3
+        warm = build_snapshot(session=session, now=clock.now, history=window, samples=standby.samples)
+        cold = build_snapshot(session=session, now=clock.now, history=window,
+                              samples=SampleHistory(window))
+        table = build_snapshot(session=session, now=clock.now, history=window)
+    assert _snapshot_histories(warm) == _snapshot_histories(cold) == _snapshot_histories(table)
+    late = [s.ttft_p99_seconds for s in warm.replicas[1].history]
+    assert 0.9 in late and 0.7 in late  # the late commit landed, once
+    assert sum(len(h) for _, h in _snapshot_histories(warm)[0]) == len(
+        [s for r in table.replicas for s in r.history])

@@ -107,6 +107,28 @@ def held_for(samples: Sequence[T], now: datetime, seconds: float, holds: Callabl
     return list(samples[i:end])
 
 
+def due_at(samples: Sequence[T], now: datetime, seconds: float, holds: Callable[[T], bool]) -> datetime | None:
+    """When ``held_for`` first holds if every sample from now on holds too: the first sample of the unbroken run
+    that holds through the newest one, plus ``seconds``. None when the newest sample does not hold, or the
+    condition has held long enough already (``held_for`` finds it now).
+
+    ``for:`` counts from that first sample's time, not from the round that first read it: a round at the
+    returned moment fires, whenever the reports came in. The walk stops at ``seconds``, as ``held_for``'s does.
+    """
+    start = now - timedelta(seconds=seconds)
+    end = len(samples) if samples and samples[-1].at <= now else upto(samples, now)  # a round's usual case, cheap
+    if end == 0 or now - samples[end - 1].at > _STALE:
+        return None
+    i = end - 1
+    if not holds(samples[i]):
+        return None
+    while samples[i].at > start:
+        if i == 0 or samples[i].at - samples[i - 1].at > _STALE or not holds(samples[i - 1]):
+            return samples[i].at + timedelta(seconds=seconds)  # the run starts here; its anchor, later
+        i -= 1
+    return None
+
+
 def covering(samples: Sequence[T], now: datetime, seconds: float) -> list[T] | None:
     """The samples covering the last ``seconds`` (with their anchor), or None when history is too short."""
     return held_for(samples, now, seconds, lambda _s: True)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from controlplane.policy.conditions import ErrorRateCondition, Op, ThresholdCondition
-from controlplane.policy.detectors.findings import Finding, covering, evidence_of, held_for
+from controlplane.policy.detectors.findings import Finding, covering, due_at, evidence_of, held_for
 from controlplane.policy.durations import format_duration
 from controlplane.policy.snapshot import Replica, ReplicaSample
 
@@ -16,16 +16,22 @@ OPS: dict[Op, Callable[[float, float], bool]] = {
 }
 
 
-def signal_holds(samples: list[ReplicaSample], now: datetime, signal: str, op: Op, threshold: float,
-                 seconds: float) -> list[ReplicaSample] | None:
-    """The covering samples when ``signal op threshold`` held in every one over ``seconds``; a missing
-    reading breaks the run (unknown is not a breach, nor a recovery)."""
+def beyond(signal: str, op: Op, threshold: float) -> Callable[[ReplicaSample], bool]:
+    """Whether one sample reads ``signal op threshold``; a missing reading does not (unknown is not a breach,
+    nor a recovery)."""
 
     def holds(sample: ReplicaSample) -> bool:
         value = getattr(sample, signal)
         return value is not None and OPS[op](float(value), threshold)
 
-    return held_for(samples, now, seconds, holds)
+    return holds
+
+
+def signal_holds(samples: list[ReplicaSample], now: datetime, signal: str, op: Op, threshold: float,
+                 seconds: float) -> list[ReplicaSample] | None:
+    """The covering samples when ``signal op threshold`` held in every one over ``seconds``; a missing
+    reading breaks the run."""
+    return held_for(samples, now, seconds, beyond(signal, op, threshold))
 
 
 def signal_share_holds(samples: list[ReplicaSample], now: datetime, signal: str, op: Op, threshold: float,
@@ -63,6 +69,14 @@ def detect_threshold(cond: ThresholdCondition, replica: Replica, now: datetime,
                   "beyond": beyond},
         evidence=evidence_of(run, [cond.signal]),
     )
+
+
+def threshold_due(cond: ThresholdCondition, replica: Replica, now: datetime) -> datetime | None:
+    """When ``detect_threshold`` finds the breach under way if it goes on (``findings.due_at``); None when there
+    is none under way, or when only a share of the samples must cross (no moment can be told in advance)."""
+    if cond.min_share < 1:
+        return None
+    return due_at(replica.history, now, cond.for_, beyond(cond.signal, cond.op, cond.threshold))
 
 
 def detect_error_rate(cond: ErrorRateCondition, replica: Replica, now: datetime) -> Finding | None:

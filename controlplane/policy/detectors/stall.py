@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 
 from agent.wire import ReplicaState
 from controlplane.policy.conditions import StallCondition
-from controlplane.policy.detectors.findings import Finding, covering, evidence_of
+from controlplane.policy.detectors.findings import Finding, covering, due_at, evidence_of, upto
 from controlplane.policy.durations import format_duration
 from controlplane.policy.snapshot import Replica, ReplicaSample
 
@@ -72,6 +72,24 @@ def requests_lost(history: Sequence[ReplicaSample], run: list[ReplicaSample]) ->
     gauges = [_in_flight(s) for s in ([live] if live is not None else []) + run]
     counted = [float(s.requests_lost) for s in run if s.requests_lost is not None]  # the agent's own count
     return max(gauges + counted, default=0.0)
+
+
+def stall_due(cond: StallCondition, replica: Replica, now: datetime) -> datetime | None:
+    """When ``detect_stall`` finds a WEDGED replica's stall if nothing changes: ``for:`` after the first sample
+    that read the generation counter at its latest value, or after the verdict; None when it is not WEDGED, or
+    is a stall already. A replica still serving is left to the rounds' usual pace."""
+    if replica.state != ReplicaState.WEDGED:
+        return None
+    held = None if replica.state_since is None else replica.state_since + timedelta(seconds=cond.for_)
+    if held is not None and held <= now:
+        return None
+    counted = [s for s in replica.history if s.generation_tokens_total is not None]
+    end = upto(counted, now)
+    flat = None
+    if end:
+        latest = counted[end - 1].generation_tokens_total
+        flat = due_at(counted, now, cond.for_, lambda s: s.generation_tokens_total == latest)
+    return min((d for d in (held, flat) if d is not None), default=None)
 
 
 def detect_stall(cond: StallCondition, replica: Replica, now: datetime) -> Finding | None:

@@ -6,11 +6,11 @@ the practitioners' 85 degC operating limit stands in when the device reports non
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from controlplane.policy.conditions import ThermalCondition
-from controlplane.policy.detectors.findings import Finding, evidence_of, held_for
+from controlplane.policy.detectors.findings import Finding, due_at, evidence_of, held_for
 from controlplane.policy.durations import format_duration
 from controlplane.policy.snapshot import Gpu, GpuReading
 
@@ -26,15 +26,26 @@ def _thermal_reasons(cond: ThermalCondition, reasons: Sequence[str]) -> list[str
     return [r for r in reasons if any(word.lower() in r.lower() for word in cond.throttle_reasons)]
 
 
-def detect_thermal(cond: ThermalCondition, gpu: Gpu, now: datetime) -> Finding | None:
-    """A finding when every reading over the window was hot or thermally throttled."""
+def is_hot(cond: ThermalCondition, gpu: Gpu) -> Callable[[GpuReading], bool]:
+    """Whether one reading of the GPU is at or past its limit, or throttled for heat."""
     limit = temperature_limit(cond, gpu)
 
     def hot(reading: GpuReading) -> bool:
         too_warm = reading.temperature_celsius is not None and reading.temperature_celsius >= limit
         return too_warm or bool(_thermal_reasons(cond, reading.throttle_reasons))
 
-    run = held_for(gpu.history, now, cond.for_, hot)
+    return hot
+
+
+def thermal_due(cond: ThermalCondition, gpu: Gpu, now: datetime) -> datetime | None:
+    """When ``detect_thermal`` finds the heat under way if it goes on (``findings.due_at``)."""
+    return due_at(gpu.history, now, cond.for_, is_hot(cond, gpu))
+
+
+def detect_thermal(cond: ThermalCondition, gpu: Gpu, now: datetime) -> Finding | None:
+    """A finding when every reading over the window was hot or thermally throttled."""
+    limit = temperature_limit(cond, gpu)
+    run = held_for(gpu.history, now, cond.for_, is_hot(cond, gpu))
     if run is None:
         return None
     temps = [r.temperature_celsius for r in run if r.temperature_celsius is not None]

@@ -1,0 +1,53 @@
+"""``next_due(policies, snapshot, now)``: the next moment a condition under way completes its ``for:``. Pure.
+
+``for:`` counts from the first sample that crossed (its report's time), so a breach that goes on is met at an
+exact moment known in advance: the first crossing plus ``for:``. The rounds wake then (``wait_seconds``) instead
+of acting at whichever report or interval comes next, which cost up to a report interval, the debounce and
+the policy process's wake-up past the ``for:``. Only conditions whose moment can be told are counted:
+thresholds in every sample, heat, a WEDGED replica's stall; the others keep the rounds' usual pace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from controlplane.policy.actions import LowerMaxNumSeqsAction
+from controlplane.policy.conditions import StallCondition, ThermalCondition, ThresholdCondition
+from controlplane.policy.detectors.slo import threshold_due
+from controlplane.policy.detectors.stall import stall_due
+from controlplane.policy.detectors.thermal import thermal_due
+from controlplane.policy.evaluate import in_scope_gpus, in_scope_replicas
+from controlplane.policy.policy import Policy
+from controlplane.policy.snapshot import FleetSnapshot
+
+# Past the moment, not on it: a round that reads its clock a hair early finds nothing, and waits again.
+DUE_SLACK_SECONDS = 0.01
+
+
+def policy_due(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> datetime | None:
+    """The next moment one policy's condition is met on some subject if what holds now goes on holding."""
+    cond = policy.condition
+    if not policy.enabled or isinstance(policy.action, LowerMaxNumSeqsAction):
+        return None  # the governor judges its own windows
+    found: list[datetime | None] = []
+    if isinstance(cond, ThresholdCondition):
+        found = [threshold_due(cond, r, now) for r in in_scope_replicas(policy, snapshot) if r.serving]
+    elif isinstance(cond, ThermalCondition):
+        found = [thermal_due(cond, g, now) for g in in_scope_gpus(policy, snapshot)]
+    elif isinstance(cond, StallCondition):
+        found = [stall_due(cond, r, now) for r in in_scope_replicas(policy, snapshot)]
+    return min((d for d in found if d is not None), default=None)
+
+
+def next_due(policies: Sequence[Policy], snapshot: FleetSnapshot, now: datetime) -> datetime | None:
+    """The soonest moment, after ``now``, that a condition under way is met (None: none under way)."""
+    return min((d for p in policies if (d := policy_due(p, snapshot, now)) is not None), default=None)
+
+
+def wait_seconds(due: datetime | None, now: datetime, interval: float) -> float:
+    """How long the rounds wait for their next turn: the interval, or less when a condition is due sooner (at
+    once when the round that saw it ran past its moment)."""
+    if due is None:
+        return interval
+    return min(interval, max(0.0, (due - now).total_seconds() + DUE_SLACK_SECONDS))
