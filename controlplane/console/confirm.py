@@ -18,6 +18,8 @@ from controlplane.console.frame import Console
 from controlplane.console.previews import Request
 
 _PENDING = "pitstop_pending"
+# The query that makes any action endpoint answer with its preview instead of acting.
+DRY_RUN_QUERY = {"dry_run": "true"}
 _DONE = "pitstop_done"
 
 
@@ -28,7 +30,7 @@ def _state(name: str) -> dict[str, Any]:
 
 def _preview(console: Console, request: Request) -> Outcome:
     with console.client() as client:
-        return send(client, request.method, request.path, json=request.body, params={"dry_run": "true"})
+        return send(client, request.method, request.path, json=request.body, params=DRY_RUN_QUERY)
 
 
 def _send(console: Console, request: Request) -> Outcome:
