@@ -66,8 +66,8 @@ def action_rows(actions: Sequence[Json]) -> list[dict[str, Any]]:
     """One row per action, newest first, with the columns an on-call reads first."""
     return [{
         "id": a["id"], "created": a.get("created_at"), "state": a["state"], "policy": a.get("policy") or "operator",
-        "kind": a["kind"], "target": a["target"], "reason": a.get("reason", ""), "guardrails": _verdicts(a),
-        "outcome": a.get("outcome", ""), "by": a.get("approved_by") or a.get("requested_by"),
+        "kind": a["kind"], "target": a["target"], "by": a.get("approved_by") or a.get("requested_by"),
+        "outcome": a.get("outcome", ""), "reason": a.get("reason", ""), "guardrails": _verdicts(a),
     } for a in actions]
 
 

@@ -67,14 +67,6 @@ class ConsoleSettings:
 
 
 @dataclass(frozen=True)
-class FleetSnapshot:
-    nodes: list[dict[str, Any]] = field(default_factory=list)
-    gpus: list[dict[str, Any]] = field(default_factory=list)
-    replicas: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
 class Outcome:
     """How a write went: ``ok``, the line to show, and the API's answer (the action, the preview)."""
 
@@ -129,18 +121,3 @@ def send(client: httpx.Client, method: str, path: str, *, json: Any = None,
                        response.status_code)
     body = response.json() if response.content else None
     return Outcome(True, "done", response.status_code, body)
-
-
-def fetch_fleet(client: httpx.Client, *, events_limit: int = 50) -> FleetSnapshot:
-    """Nodes, GPUs, replicas and recent events, read in four requests."""
-    return FleetSnapshot(
-        nodes=_get(client, "/v1/nodes"),
-        gpus=_get(client, "/v1/gpus"),
-        replicas=_get(client, "/v1/replicas"),
-        events=_get(client, "/v1/events", {"limit": events_limit}),
-    )
-
-
-def fetch_samples(client: httpx.Client, *, node: str, replica: str, limit: int = 720) -> list[dict[str, Any]]:
-    result: list[dict[str, Any]] = _get(client, f"/v1/replicas/{node}/{replica}/samples", {"limit": limit})
-    return result

@@ -34,11 +34,13 @@ def table_rows(replicas: Sequence[Json]) -> list[dict[str, Any]]:
         rows.append({
             "replica": key(r), "model": r["model"], "node": r["node"],
             "GPU": ",".join(str(g) for g in r.get("gpus") or []), "state": state,
-            "gen": r.get("generation", 0), "engine flags": " ".join(r.get("engine_args") or []),
+            "gen": r.get("generation", 0),
             "TTFT p99 ms": _ms(engine.get("ttft_p99_seconds")), "ITL p99 ms": _ms(engine.get("itl_p99_seconds")),
             "queue": engine.get("requests_waiting"), "KV %": _pct(engine.get("kv_cache_usage_ratio")),
             "RSS MiB": None if rss is None else round(rss / MIB), "restarts": r.get("restarts_total", 0),
             "uptime": age_text((now - since).total_seconds()) if since and now and r["state"] in RUNNING else "",
+            # Last: a long flag list would push the readings out of sight.
+            "engine flags": " ".join(r.get("engine_args") or []),
         })
     return rows
 

@@ -27,10 +27,6 @@ def _scaled(value: Any, unit: int, digits: int = 1) -> float | None:
     return None if value is None else round(float(value) / unit, digits)
 
 
-def _yes_no(flag: Any) -> str:
-    return "" if flag is None else ("yes" if flag else "no")
-
-
 def _parse_time(value: Any) -> datetime | None:
     return None if value is None else datetime.fromisoformat(str(value))
 
@@ -86,95 +82,6 @@ def gpu_rows(gpus: Sequence[Json]) -> list[dict[str, Any]]:
             "throttle": ", ".join(g.get("throttle_reasons") or []),
         })
     return rows
-
-
-def replica_rows(replicas: Sequence[Json]) -> list[dict[str, Any]]:
-    rows = []
-    for r in replicas:
-        engine: Json = r.get("engine") or {}
-        process: Json = r.get("process") or {}
-        state = r["state"]
-        if r.get("node_status") == "stale":
-            # The agent has gone quiet: the last state it sent may no longer be true.
-            state = f"{state} (stale)"
-        rows.append({
-            "node": r["node"],
-            "replica": r["name"],
-            "model": r["model"],
-            "state": state,
-            "ready": bool(r.get("ready")),
-            "TTFT p99 ms": _ms(engine.get("ttft_p99_seconds")),
-            "ITL p99 ms": _ms(engine.get("itl_p99_seconds")),
-            "running": engine.get("requests_running"),
-            "waiting": engine.get("requests_waiting"),
-            "KV %": _pct(engine.get("kv_cache_usage_ratio")),
-            # Work queued while no token moves: /health stays 200 on a wedged EngineCore (vLLM #39863).
-            "stalled": _yes_no(engine.get("stalled")),
-            "RSS MiB": _scaled(process.get("rss_bytes"), MIB, 0),
-            "restarts": r.get("restarts_total", 0),
-            "gen": r.get("generation", 0),
-        })
-    return rows
-
-
-def event_rows(events: Sequence[Json]) -> list[dict[str, Any]]:
-    rows = []
-    for e in events:
-        change = ""
-        if e.get("from_state") or e.get("to_state"):
-            change = f"{e.get('from_state') or '·'} → {e.get('to_state') or '·'}"
-        at = _parse_time(e.get("at"))
-        rows.append({
-            "at": "" if at is None else at.strftime("%Y-%m-%d %H:%M:%S"),
-            "node": e["node"],
-            "replica": e["replica"],
-            "kind": e["kind"],
-            "change": change,
-            "message": e.get("message", ""),
-        })
-    return rows
-
-
-def sample_series(samples: Sequence[Json], fields: Sequence[str]) -> dict[str, list[Any]]:
-    """Columns for a line chart: ``at`` plus one list per field (TTFT in ms, RSS in MiB)."""
-    out: dict[str, list[Any]] = {"at": []}
-    for field in fields:
-        out[_series_label(field)] = []
-    for s in samples:
-        out["at"].append(_parse_time(s["at"]))
-        values: Json = s.get("values") or {}
-        for field in fields:
-            out[_series_label(field)].append(_series_value(field, values.get(field)))
-    return out
-
-
-def _series_label(field: str) -> str:
-    if field.endswith("_seconds"):
-        return field.removesuffix("_seconds") + " ms"
-    if field.endswith("_bytes"):
-        return field.removesuffix("_bytes") + " MiB"
-    return field
-
-
-def _series_value(field: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if field.endswith("_seconds"):
-        return _ms(value)
-    if field.endswith("_bytes"):
-        return _scaled(value, MIB, 0)
-    return float(value)
-
-
-def fleet_summary(nodes: Sequence[Json], replicas: Sequence[Json]) -> dict[str, int]:
-    """Headline counts for the top of the page."""
-    return {
-        "nodes": len(nodes),
-        "stale nodes": sum(1 for n in nodes if n.get("status") == "stale"),
-        "replicas": len(replicas),
-        "ready replicas": sum(1 for r in replicas if r.get("ready")),
-        "restarts": sum(int(r.get("restarts_total") or 0) for r in replicas),
-    }
 
 
 # Replica states that need a person's eyes (crash loops and give-ups), from the agent's state machine.

@@ -150,3 +150,17 @@ def test_fault_to_page_pitstop_pages_before_the_stock_pipeline(tmp_path: Path) -
     assert storm["alerts_carried"] == storm["alerts"] and storm["pending_at_end"] == 0, storm
     assert storm["groups_paged"] == storm["groups_expected"], storm["per_group"]
     assert storm["one_per_group"], (storm["per_group"], storm["queued"])
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")
+def test_console_scale_times_both_consoles_in_a_real_browser(tmp_path: Path) -> None:
+    out = tmp_path / "console.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "console_scale.py"), "--nodes", "20", "--runs", "1",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["replicas"] == 160 and "share this host" in doc["note"]
+    # Each page of today's console and the old one-page console became interactive, and was timed.
+    assert set(doc["median_seconds"]) == {"new fleet", "new replicas", "old (one page)"}
+    assert all(0 < t < 120 for t in doc["median_seconds"].values()), doc["seconds"]

@@ -35,7 +35,7 @@ def _actions(console: frame.Console, r: Json) -> None:
                                         previewable=True))
 
 
-def _charts(reader: Reader, r: Json, gpus: list[Json]) -> None:
+def _charts(reader: Reader, r: Json) -> None:
     window = st.segmented_control("window", list(replica_view.WINDOWS), default="1 h", key="chart_window") or "1 h"
     # The window ends at the replica's last report: a node that went quiet still shows its last hour.
     since = datetime.fromisoformat(r["updated_at"]) - timedelta(seconds=replica_view.WINDOWS[window])
@@ -56,8 +56,9 @@ def _charts(reader: Reader, r: Json, gpus: list[Json]) -> None:
         right.caption("Memory (MiB): the process tree's RSS, and its GPU memory")
         right.altair_chart(charts.lines(replica_view.long_series(samples, replica_view.MEMORY, 1 / shaping.MIB),
                                         "MiB"), width="stretch")
-    for g in gpus:
-        if g["node"] == r["node"] and g["index"] in (r.get("gpus") or []):
+    # Only the chosen replica's node: the whole fleet's GPUs would be thousands of rows to read for two tiles.
+    for g in reader.get("/v1/gpus", node=r["node"]):
+        if g["index"] in (r.get("gpus") or []):
             temp, slowdown = g.get("temperature_celsius"), g.get("slowdown_temperature_celsius")
             st.metric(f"GPU {g['index']} temperature", "-" if temp is None else f"{temp:g} °C",
                       help=None if slowdown is None else f"slows down at {slowdown:g} °C")
@@ -80,7 +81,6 @@ def _history(reader: Reader, r: Json) -> None:
 
 def render(console: frame.Console, reader: Reader) -> None:
     replicas = reader.get("/v1/replicas")
-    gpus = reader.get("/v1/gpus")
     for line in shaping.attention([], replicas, []):
         st.warning(line)
     rows = replica_view.table_rows(replicas)
@@ -97,7 +97,7 @@ def render(console: frame.Console, reader: Reader) -> None:
     facts.pop("log tail")
     st.dataframe(pd.DataFrame([facts]), hide_index=True, width="stretch")
     _actions(console, r)
-    _charts(reader, r, gpus)
+    _charts(reader, r)
     _history(reader, r)
 
 
