@@ -13,14 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 from pathlib import Path
 
 import psutil
 
 from agent.engine_log import EngineLog, last_lines
-from agent.engine_proc import LOG_CHECK_INTERVAL, group_members
+from agent.engine_proc import LOG_CHECK_INTERVAL, kill_group, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +35,6 @@ def _gone(pid: int, created: float) -> bool:
         return True
     except psutil.AccessDenied:
         return False
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 class AdoptedEngine:
@@ -88,8 +82,8 @@ class AdoptedEngine:
 
     async def stop(self, grace: float) -> int:
         """SIGTERM (then SIGCONT) the group, SIGKILL it after ``grace``; return once the whole group is gone."""
-        _signal_group(self.pgid, signal.SIGTERM)
-        _signal_group(self.pgid, signal.SIGCONT)
+        signal_group(self.pgid, signal.SIGTERM)
+        signal_group(self.pgid, signal.SIGCONT)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.exited(), timeout=grace)
         await self.kill()
@@ -97,14 +91,7 @@ class AdoptedEngine:
 
     async def kill(self) -> None:
         """SIGKILL whatever is left of the group and wait for the leader to be gone."""
-        if group_members(self.pgid):
-            _signal_group(self.pgid, signal.SIGKILL)
-        await self.exited()
-        for _ in range(50):
-            if not group_members(self.pgid):
-                break
-            _signal_group(self.pgid, signal.SIGKILL)
-            await asyncio.sleep(0.05)
+        await kill_group(self.pgid, self.exited)
         self.close()
 
     def close(self) -> None:
@@ -113,4 +100,4 @@ class AdoptedEngine:
         self.log.close()
 
     def kill_now(self) -> None:
-        _signal_group(self.pgid, signal.SIGKILL)
+        signal_group(self.pgid, signal.SIGKILL)

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import psutil
@@ -36,9 +36,22 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
+def signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+async def kill_group(pgid: int, leader_gone: Callable[[], Awaitable[object]]) -> None:
+    """SIGKILL whatever is left of group ``pgid``, wait for its leader, then for the rest: children are
+    reaped by init, which takes a moment."""
+    if group_members(pgid):
+        signal_group(pgid, signal.SIGKILL)
+    await leader_gone()
+    for _ in range(50):
+        if not group_members(pgid):
+            break
+        signal_group(pgid, signal.SIGKILL)
+        await asyncio.sleep(0.05)
 
 
 class EngineProcess:
@@ -112,8 +125,8 @@ class EngineProcess:
         SIGCONT follows the SIGTERM, as systemd does: a stopped process (a frozen EngineCore) leaves SIGTERM
         pending and would sit out the whole grace; woken, it can act on it. One that still does not exit is
         killed with the group at the deadline: SIGKILL ends stopped processes too."""
-        _signal_group(self.pgid, signal.SIGTERM)
-        _signal_group(self.pgid, signal.SIGCONT)
+        signal_group(self.pgid, signal.SIGTERM)
+        signal_group(self.pgid, signal.SIGCONT)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         try:
@@ -130,14 +143,7 @@ class EngineProcess:
 
     async def kill(self) -> None:
         """SIGKILL whatever is left of the group and reap the leader."""
-        if group_members(self.pgid):
-            _signal_group(self.pgid, signal.SIGKILL)
-        await self.exited()
-        for _ in range(50):  # children are reaped by init; give it a moment
-            if not group_members(self.pgid):
-                break
-            _signal_group(self.pgid, signal.SIGKILL)
-            await asyncio.sleep(0.05)
+        await kill_group(self.pgid, self.exited)
         self.close()
 
     def close(self) -> None:
@@ -148,4 +154,4 @@ class EngineProcess:
 
     def kill_now(self) -> None:
         """Synchronous last resort (interpreter exit): SIGKILL the group without waiting."""
-        _signal_group(self.pgid, signal.SIGKILL)
+        signal_group(self.pgid, signal.SIGKILL)
