@@ -25,9 +25,13 @@ def next_attempt_in(failures: int, interval: float, retry_after: float | None, r
 
     Without jitter every agent that lost the control plane at the same moment retries at the same moments,
     and a restarted control plane meets its whole fleet at once, again and again. Retry-After is honoured up
-    to ``cap``: a control plane cannot silence its agents for longer than their own backoff would."""
-    wait = rng.uniform(0.0, report_retry_delay(failures, interval, cap))
-    return max(wait, min(retry_after, cap)) if retry_after is not None else wait
+    to ``cap``: a control plane cannot silence its agents for longer than their own backoff would. After it
+    the wait is spread over up to one interval more: agents refused at the same moment are all told the same
+    number of seconds, and waiting exactly that long would bring them back together."""
+    backoff = report_retry_delay(failures, interval, cap)
+    if retry_after is None:
+        return rng.uniform(0.0, backoff)
+    return min(cap, min(retry_after, cap) + rng.uniform(0.0, min(interval, backoff)))
 
 
 def retry_after_seconds(value: str | None, now: datetime) -> float | None:

@@ -116,6 +116,17 @@ def test_retries_are_jittered_over_the_backoff_and_never_sooner_than_retry_after
     assert next_attempt_in(1, 5.0, 3600.0, rng) == 60.0  # but cannot silence an agent past its own cap
 
 
+def test_agents_told_the_same_retry_after_do_not_come_back_together() -> None:
+    import random
+
+    from agent.reporter import next_attempt_in
+
+    rng = random.Random(11)
+    waits = [next_attempt_in(2, 5.0, 5.0, rng) for _ in range(200)]  # a restarted control plane's "5 s"
+    assert all(5.0 <= w <= 10.0 for w in waits), "never sooner than asked, at most one interval later"
+    assert max(waits) - min(waits) > 4.0
+
+
 @pytest.mark.parametrize(("header", "seconds"), [
     ("7", 7.0), (" 12 ", 12.0), ("Sun, 29 Nov 2026 12:00:30 GMT", 30.0), ("Sun, 29 Nov 2026 11:00:00 GMT", 0.0),
     ("soon", None), (None, None)])

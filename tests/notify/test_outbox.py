@@ -28,7 +28,7 @@ OK = frozenset({202})
     (202, None, 1, SENT, None, None),
     (500, None, 1, PENDING, 0.0, 2.0),  # full jitter over the first backoff step
     (503, None, 4, PENDING, 0.0, 16.0),
-    (429, 30.0, 1, PENDING, 30.0, 30.0),  # never sooner than Retry-After
+    (429, 30.0, 1, PENDING, 30.0, 32.0),  # never sooner than Retry-After, spread over one backoff step after it
     (None, None, 2, PENDING, 0.0, 4.0),  # no answer at all: the receiver may be restarting
     (400, None, 1, FAILED, None, None),  # a refused payload will not fix itself
     (500, None, 10, FAILED, None, None),  # max_attempts
