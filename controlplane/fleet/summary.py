@@ -8,7 +8,9 @@ worst READY replica's p99 (on-call looks for the replica in trouble, not an aver
 ratio is errors over requests summed over its replicas.
 
 Status: ``red`` over the target, ``amber`` within ``AMBER_SHARE`` of it, ``green`` below, ``unknown`` with no
-reading (an idle model has no ITL) or no policy to give a target.
+reading (an idle model has no ITL) or no policy to give a target. A model's own status is the worst of its
+objectives and of its capacity: ``amber`` while some replica is not serving (wedged, restarting, on a silent
+node), ``red`` when none is; the SLOs of the replicas still serving can look fine while one is down.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ class ModelSummary(BaseModel):
     tokens_per_second: float | None
     requests_per_second: float | None
     objectives: list[Objective]
-    # The worst of its objectives.
+    # Serving against replicas: amber with one down, red with none serving.
+    capacity: Status
+    # The worst of its objectives and its capacity.
     status: Status
 
 
@@ -59,6 +63,12 @@ def status_of(value: float | None, target: float | None) -> Status:
     if value > target:
         return "red"
     return "amber" if value > AMBER_SHARE * target else "green"
+
+
+def capacity_of(ready: int, replicas: int) -> Status:
+    if replicas == 0:
+        return "unknown"
+    return "green" if ready == replicas else "red" if ready == 0 else "amber"
 
 
 def worst(statuses: Sequence[Status]) -> Status:
@@ -108,11 +118,14 @@ def summarise_model(model: str, replicas: Sequence[ReplicaOut], policies: Sequen
     target, policy = error_target(policies, model)
     objectives.append(Objective(name="error_ratio", value=ratio, target=target, policy=policy,
                                 status=status_of(ratio, target)))
+    ready = sum(1 for r in replicas if serving(r))
+    capacity = capacity_of(ready, len(replicas))
     return ModelSummary(
-        model=model, replicas=len(replicas), ready=sum(1 for r in replicas if serving(r)),
+        model=model, replicas=len(replicas), ready=ready,
         by_state=dict(sorted(Counter(r.state for r in replicas).items())),
         tokens_per_second=_sum([r.engine.generation_tokens_per_second for r in up if r.engine is not None]),
-        requests_per_second=requests, objectives=objectives, status=worst([o.status for o in objectives]))
+        requests_per_second=requests, objectives=objectives, capacity=capacity,
+        status=worst([o.status for o in objectives] + [capacity]))
 
 
 def summarise(replicas: Sequence[ReplicaOut], policies: Sequence[Policy]) -> list[ModelSummary]:

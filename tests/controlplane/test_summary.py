@@ -81,6 +81,16 @@ def test_each_model_is_judged_against_the_policies_that_act_on_it(c: TestClient)
     assert mistral["status"] == "red"
 
 
+def test_a_model_with_a_replica_down_is_amber_and_with_none_serving_red(c: TestClient) -> None:
+    send(c, 1, busy("r0"), busy("r1"), replica("r2", state=ReplicaState.WEDGED))
+    [llama] = summary(c)["models"]
+    assert all(o["status"] == "green" for o in llama["objectives"]), "the two serving replicas meet the SLOs"
+    assert (llama["capacity"], llama["status"]) == ("amber", "amber")
+    send(c, 2, replica("r0", state=ReplicaState.BACKOFF), replica("r1", state=ReplicaState.STARTING))
+    [llama] = summary(c)["models"]
+    assert (llama["ready"], llama["capacity"], llama["status"]) == (0, "red", "red")
+
+
 def test_errors_are_summed_over_the_models_replicas(c: TestClient) -> None:
     send(c, 1, busy("r0", rps=10.0, errors=0.02), busy("r1", rps=10.0, errors=0.0))
     [llama] = summary(c)["models"]
