@@ -234,8 +234,14 @@ def drain(client: httpx.Client, io: Io, args: argparse.Namespace) -> int:
 
 
 def rollout(client: httpx.Client, io: Io, args: argparse.Namespace) -> int:
-    return _act(client, io, args, f"/v1/models/{args.target}/actions",
-                {"kind": "rolling_restart", "batch_size": args.batch_size})
+    """A rolling restart, or with ``--max-num-seqs`` a new value tried on a canary and rolled if it holds up."""
+    if args.max_num_seqs is not None:
+        body: dict[str, Any] = {"kind": "set_max_num_seqs", "max_num_seqs": args.max_num_seqs}
+        if args.canary:
+            body["canary"] = args.canary
+    else:
+        body = {"kind": "rolling_restart", "batch_size": args.batch_size}
+    return _act(client, io, args, f"/v1/models/{args.target}/actions", body)
 
 
 def cordon(client: httpx.Client, io: Io, args: argparse.Namespace, kind: str = "cordon") -> int:

@@ -38,8 +38,11 @@ def _parsers() -> dict[str, tuple[argparse.ArgumentParser, Command]]:
     p["drain"] = (ops.action_parser("drain", "Drain and stop one replica through the guardrails.",
                                      "NODE/REPLICA"), ops.drain)
     rollout = ops.action_parser("rollout", "Rolling restart of every managed replica of a model, within its "
-                                            "disruption budget.", "MODEL")
+                                            "disruption budget; with --max-num-seqs, that value tried on one "
+                                            "replica first and rolled to the others if it holds up.", "MODEL")
     rollout.add_argument("--batch-size", type=int, default=1)
+    rollout.add_argument("--max-num-seqs", type=int, help="the new value (a canary first, as the governor does)")
+    rollout.add_argument("--canary", metavar="NODE/REPLICA", help="where to try it (default: the first READY)")
     p["rollout"] = (rollout, ops.rollout)
     p["cordon"] = (ops.action_parser("cordon", "Fence a node, or one GPU of it: its replicas drain.",
                                       "NODE[/GPU]"), ops.cordon)

@@ -126,6 +126,17 @@ def test_a_second_rollout_is_a_conflict_and_a_script_must_say_yes(fleet: Fleet) 
     assert code == Exit.CONFLICT and "already running" in err
 
 
+def test_a_rollout_of_a_new_max_num_seqs_goes_to_a_canary_first(fleet: Fleet) -> None:
+    three(fleet)
+    code, out, _ = cli(fleet, "ops", "rollout", "tiny-llama", "--max-num-seqs", "32", "--canary", "gpu-a/r2", "--yes")
+    assert code == Exit.OK
+    assert out.splitlines()[0].startswith("lower_max_num_seqs replica:gpu-a/r2: tries --max-num-seqs 32 (now 64)")
+    [made] = fleet.client("look").get("/v1/actions").json()
+    assert made["kind"] == "lower_max_num_seqs" and made["params"]["canary"] is True
+    code, _, err = cli(fleet, "ops", "rollout", "tiny-llama", "--max-num-seqs", "16", "--yes")
+    assert code == Exit.CONFLICT and "one change of a model's flags at a time" in err
+
+
 def test_an_action_the_budget_holds_is_not_sent(fleet: Fleet) -> None:
     fleet.send(replica("r0"), replica("r1", state=ReplicaState.STARTING))
     code, out, err = cli(fleet, "ops", "restart", "gpu-a/r0", "--yes")

@@ -126,12 +126,13 @@ async def act_on_node(node: str, body: NodeActionRequest, request: Request, ctx:
 
 
 @router.post("/models/{model}/actions", response_model=ActionOut, status_code=201,
-             summary="Rolling restart of every managed replica of a model, batch by batch (through the guardrails)",
+             summary="Rolling restart of a model's managed replicas, or a --max-num-seqs change tried on a "
+                     "canary first (through the guardrails)",
              responses={**_ACT_RESPONSES, 404: {"description": "no managed replica of that model"},
                         409: {"description": "a rolling restart of the model is already open"}})
 async def act_on_model(model: str, body: ModelActionRequest, request: Request, ctx: Ctx, who: Operator,
                        dry_run: DryRun = False) -> AnyActionOut | JSONResponse:
-    return await _act(ctx, request, who, body.kind, body.force, dry_run, lambda session, now, config, dry: (
+    return await _act(ctx, request, who, body.checked_kind, body.force, dry_run, lambda session, now, config, dry: (
         operator.act_on_model(session=session, model=model, request=body, who=who.name, now=now, config=config,
                               dry_run=dry)))
 

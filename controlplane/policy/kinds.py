@@ -75,10 +75,12 @@ KINDS: dict[ActionKind, KindSpec] = {
                                          Role.OPERATOR, "rollout", True),
     ActionKind.SET_FLAGS: KindSpec(payloads.SetFlagsPayload, True, True, _EVERY_GUARD, False, Role.OPERATOR,
                                    "desired", True),
-    ActionKind.LOWER_MAX_NUM_SEQS: KindSpec(payloads.MaxNumSeqsPayload, True, True, _EVERY_GUARD, True, None,
-                                            "rollout", True, governed=True),
-    ActionKind.RAISE_MAX_NUM_SEQS: KindSpec(payloads.MaxNumSeqsPayload, True, True, _EVERY_GUARD, True, None,
-                                            "rollout", True, governed=True),
+    # Operators set a model's --max-num-seqs through POST /v1/models/{model}/actions (set_max_num_seqs): a
+    # canary, judged and rolled as the governor's own.
+    ActionKind.LOWER_MAX_NUM_SEQS: KindSpec(payloads.MaxNumSeqsPayload, True, True, _EVERY_GUARD, True,
+                                            Role.OPERATOR, "rollout", True, governed=True),
+    ActionKind.RAISE_MAX_NUM_SEQS: KindSpec(payloads.MaxNumSeqsPayload, True, True, _EVERY_GUARD, True,
+                                            Role.OPERATOR, "rollout", True, governed=True),
     ActionKind.ADD_ENGINE_FLAG: KindSpec(payloads.AddEngineFlagPayload, True, True, _EVERY_GUARD, True, None,
                                          "rollout", True, governed=True),
     # A cordon fences capacity but stops nothing at once (the agent drains the fenced replicas): no budget.

@@ -19,11 +19,15 @@ from pydantic import BaseModel, Field, model_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from controlplane.policy.engine_args import MAX_NUM_SEQS, get_int_flag
 from controlplane.policy.guardrails import Decision, GuardConfig, Verdict, decide
+from controlplane.policy.kinds import KINDS, ActionKind
 from controlplane.policy.lifecycle import OPEN, ActionState
 from controlplane.policy.payloads import (
     CordonPayload,
     DrainPayload,
+    Judge,
+    MaxNumSeqsPayload,
     Payload,
     RestartPayload,
     RollingRestartPayload,
@@ -36,6 +40,10 @@ from controlplane.remediation.snapshot import build_snapshot
 from controlplane.store.models import ActionRow, Node, Replica
 
 OPERATOR_POLICY = "operator"
+# vLLM's own default when an engine runs without the flag (the governor assumes the same).
+DEFAULT_MAX_NUM_SEQS = 256
+# How much throughput an operator's lowering may cost its canary against the peers (the shipped itl-slo's).
+OPERATOR_MAX_THROUGHPUT_DROP = 0.35
 # Guardrails need the model's replicas and their readiness, not their histories.
 _NO_HISTORY = timedelta(0)
 
@@ -63,11 +71,27 @@ class NodeActionRequest(BaseModel):
 
 
 class ModelActionRequest(BaseModel):
-    kind: Literal["rolling_restart"]
-    # Replicas restarted at a time; the rollout starts the next batch only within the model's disruption budget.
+    kind: Literal["rolling_restart", "set_max_num_seqs"]
+    # rolling_restart: replicas restarted at a time; the rollout starts the next batch only within the model's
+    # disruption budget.
     batch_size: int = Field(default=1, ge=1, le=1024)
+    # set_max_num_seqs: the value, tried on one replica (a canary: ``canary``, or the first READY one) and judged
+    # beside its peers before it rolls to the model's other replicas, as the governor's own changes are.
+    max_num_seqs: int | None = Field(default=None, ge=1, le=65536)
+    canary: str | None = Field(default=None, max_length=300, pattern=r"^[^/]+/[^/]+$")
     reason: str = Field(default="", max_length=2000)
     force: bool = False
+
+    @model_validator(mode="after")
+    def _value_given(self) -> ModelActionRequest:
+        if (self.kind == "set_max_num_seqs") != (self.max_num_seqs is not None):
+            raise ValueError("max_num_seqs is required for set_max_num_seqs and only for set_max_num_seqs")
+        return self
+
+    @property
+    def checked_kind(self) -> str:
+        """The kind whose row of the table says who may ask (lower and raise need the same role)."""
+        return "lower_max_num_seqs" if self.kind == "set_max_num_seqs" else self.kind
 
 
 # (session, now, guardrails, dry run) -> the recorded row, or the preview: what an API handler runs.
@@ -127,8 +151,56 @@ def replica_proposal(*, session: Session, node: str, name: str, request: Replica
     )
 
 
+def _governed_open(session: Session, model: str) -> None:
+    """One change of a model's engine flags at a time: the governor's own rule, for operators too."""
+    kinds = [k.value for k, row in KINDS.items() if row.governed]
+    open_row = session.scalars(select(ActionRow).where(
+        ActionRow.model == model, ActionRow.kind.in_(kinds),
+        ActionRow.state.in_([s.value for s in OPEN])).order_by(ActionRow.id).limit(1)).first()
+    if open_row is not None:
+        raise Conflict(f"a {open_row.kind.replace('_', ' ')} of {model} is already {open_row.state} "
+                       f"(action {open_row.id}): one change of a model's flags at a time")
+
+
+def _max_num_seqs_proposal(session: Session, model: str, request: ModelActionRequest, who: str,
+                           rows: list[Replica]) -> ProposedAction:
+    assert request.max_num_seqs is not None  # the request's validator guarantees it
+    _governed_open(session, model)
+    if request.canary is not None:
+        canary = next((r for r in rows if f"{r.node}/{r.name}" == request.canary), None)
+        if canary is None:
+            raise NotFound(f"no managed replica {request.canary!r} of model {model!r}")
+    else:
+        canary = next((r for r in rows if r.ready and r.state == "READY"), rows[0])
+    key = f"{canary.node}/{canary.name}"
+    args = [str(a) for a in canary.engine_args]
+    current = get_int_flag(args, MAX_NUM_SEQS) or DEFAULT_MAX_NUM_SEQS
+    value = request.max_num_seqs
+    if value == current:
+        raise Conflict(f"{key} already runs {MAX_NUM_SEQS} {value}: nothing to change")
+    lower = value < current
+    change = MaxNumSeqsPayload(
+        kind=ActionKind.LOWER_MAX_NUM_SEQS if lower else ActionKind.RAISE_MAX_NUM_SEQS, max_num_seqs=value,
+        previous=current, canary=True,
+        # Judged as the governor judges its own: inter-token latency against the peers, and (lowering) how much
+        # throughput the smaller batch may cost. TTFT is not judged: it rises by design when the batch shrinks.
+        judge=Judge(latencies=["itl_p99_seconds"], max_throughput_drop=OPERATOR_MAX_THROUGHPUT_DROP if lower else None))
+    return ProposedAction(
+        policy=OPERATOR_POLICY, target=Target(kind="replica", node=canary.node, replica=canary.name, model=model),
+        payload=change.model_copy(update={"engine_args": {key: change.derive(args)}}), replicas=[key], model=model,
+        reason=request.reason or (f"{MAX_NUM_SEQS} {current} -> {value} on {model}, canary {key} first, "
+                                  f"requested by {who}"))
+
+
 def model_proposal(*, session: Session, model: str, request: ModelActionRequest, who: str) -> ProposedAction:
-    """A rolling restart of every managed replica of ``model``, in the order the store lists them."""
+    """A rolling restart of every managed replica of ``model``, in the order the store lists them, or a
+    ``--max-num-seqs`` change tried on a canary first."""
+    if request.kind == "set_max_num_seqs":
+        managed = [r for r in session.scalars(select(Replica).where(Replica.model == model)
+                                              .order_by(Replica.node, Replica.name)) if r.managed]
+        if not managed:
+            raise NotFound(f"no managed replica serves model {model!r}")
+        return _max_num_seqs_proposal(session, model, request, who, managed)
     rows = session.execute(select(Replica.node, Replica.name, Replica.managed).where(Replica.model == model)
                            .order_by(Replica.node, Replica.name)).all()
     if not rows:

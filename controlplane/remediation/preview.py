@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from pydantic import BaseModel
 
 from agent.wire import ReplicaState
+from controlplane.policy.engine_args import MAX_NUM_SEQS
 from controlplane.policy.guardrails import IN_FLIGHT, STATE_OF, Decision, GuardConfig, GuardState, Verdict
 from controlplane.policy.lifecycle import ActionState
-from controlplane.policy.payloads import CordonPayload, RollingRestartPayload
+from controlplane.policy.payloads import CordonPayload, MaxNumSeqsPayload, RollingRestartPayload
 from controlplane.policy.proposals import ProposedAction
 from controlplane.policy.snapshot import FleetSnapshot, Replica
 
@@ -102,6 +103,10 @@ def summarise(action: ProposedAction, impact: Sequence[ModelImpact], hit: int) -
     if isinstance(payload, RollingRestartPayload):
         return (f"restarts {_plural(hit, 'replica')} of {m.model}, {payload.batch_size} at a time; "
                 f"{m.stay_serving} of {m.replicas} stay serving throughout")
+    if isinstance(payload, MaxNumSeqsPayload) and payload.canary:
+        return (f"tries {MAX_NUM_SEQS} {payload.max_num_seqs} (now {payload.previous}) on {action.replicas[0]} "
+                f"first: restarts {m.out_at_once} of {m.ready} READY replicas of {m.model}, {m.stay_serving} stay "
+                "serving; if it holds up beside its peers, it rolls to the others one at a time")
     verb = "drains" if action.kind == "drain" else "restarts"
     return f"{verb} {m.out_at_once} of {m.ready} READY replicas of {m.model}; {m.stay_serving} stay serving"
 

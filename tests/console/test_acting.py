@@ -65,6 +65,21 @@ def test_a_refused_action_shows_the_control_planes_reason(tmp_path: Path, monkey
         assert "Confirm: rolling restart of tiny-llama" not in buttons(at)
 
 
+def test_set_max_num_seqs_of_a_model_as_a_canary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agents, build = healthy()
+    with serve(tmp_path, agents, build) as url:
+        at = open_console(monkeypatch, url, "op", page="views/fleet.py")
+        at.number_input(key="mns-value:tiny-llama").set_value(32).run()
+        click(at, "Set --max-num-seqs 32 on tiny-llama")
+        assert any(i.value.startswith("tries --max-num-seqs 32 (now 64) on gpu-a/r0 first") for i in at.info)
+        assert httpx.get(f"{url}/v1/actions", headers=OPERATOR).json() == []
+        click(at, "Confirm: set --max-num-seqs 32 on tiny-llama")
+        [done] = httpx.get(f"{url}/v1/actions", headers=OPERATOR).json()
+        assert (done["kind"], done["target"], done["requested_by"]) == (
+            "lower_max_num_seqs", "replica:gpu-a/r0", "config:operator-0")
+        assert done["params"]["canary"] is True and done["params"]["max_num_seqs"] == 32
+
+
 def test_cordon_a_gpu_then_its_tile_offers_uncordon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     agents, build = healthy()
     with serve(tmp_path, agents, build) as url:

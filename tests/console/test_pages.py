@@ -50,7 +50,7 @@ def test_fleet_page(fleet_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch)
         done = _table(at, "outcome")
         restart = done[done["kind"] == "restart"].iloc[0]
         assert restart["target"] == "replica:gpu-a/r0" and restart["state"] == "running"
-    assert buttons(at) == ["Rolling restart of tiny-llama"]
+    assert buttons(at) == ["Rolling restart of tiny-llama", "Set --max-num-seqs 64 on tiny-llama"]
 
 
 def test_nodes_page(fleet_url: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -11,6 +12,8 @@ from fastapi.testclient import TestClient
 from agent.wire import ReplicaState
 from controlplane.api.app import create_app
 from controlplane.config import ServerConfig
+from controlplane.remediation.executor import reconcile
+from controlplane.store.db import session_scope
 from tests.controlplane.fixtures import FakeClock, body, replica, report
 
 OPS = {"Authorization": "Bearer ops"}
@@ -100,3 +103,38 @@ def test_a_viewer_gets_no_preview_and_unknown_targets_are_404(c: TestClient) -> 
                   headers=OPS).status_code == 404
     assert c.post("/v1/replicas/gpu-a/zz/actions", params={"dry_run": "true"}, json={"kind": "restart"},
                   headers=OPS).status_code == 404
+
+
+def test_an_operator_sets_max_num_seqs_on_a_canary_first(c: TestClient) -> None:
+    send(c, 1, replica("r0"), replica("r1"), replica("r2"))  # each runs --max-num-seqs 64
+    body = {"kind": "set_max_num_seqs", "max_num_seqs": 32, "canary": "gpu-a/r1"}
+    seen = preview(c, "/v1/models/tiny-llama/actions", body)
+    assert (seen["kind"], seen["target"], seen["replicas"]) == ("lower_max_num_seqs", "replica:gpu-a/r1", ["gpu-a/r1"])
+    assert seen["summary"].startswith("tries --max-num-seqs 32 (now 64) on gpu-a/r1 first: restarts 1 of 3 READY")
+    made = c.post("/v1/models/tiny-llama/actions", json=body, headers=OPS)
+    assert made.status_code == 201, made.text
+    action = made.json()
+    assert action["params"]["canary"] is True and action["params"]["previous"] == 64
+    assert action["params"]["judge"]["latencies"] == ["itl_p99_seconds"]
+    ctx = c.app.state.pitstop  # type: ignore[attr-defined]
+    with session_scope(ctx.sessions) as session:
+        reconcile(session=session, now=ctx.clock(), deadline=timedelta(seconds=300))
+    desired = {d["name"]: d for d in c.get("/v1/desired", headers=OPS).json()}
+    assert list(desired) == ["r1"], "only the canary moves first"
+    assert desired["r1"]["engine_args"][-2:] == ["--max-num-seqs", "32"]
+    # One change of a model's flags at a time, and nothing to do when the value is already there.
+    again = c.post("/v1/models/tiny-llama/actions", json={**body, "max_num_seqs": 16}, headers=OPS)
+    assert again.status_code == 409 and f"(action {action['id']})" in again.json()["detail"]
+
+
+def test_a_max_num_seqs_request_is_checked_before_anything_moves(c: TestClient) -> None:
+    send(c, 1, replica("r0"), replica("r1"))
+    path = "/v1/models/tiny-llama/actions"
+    assert c.post(path, json={"kind": "set_max_num_seqs"}, headers=OPS).status_code == 422
+    same = c.post(path, json={"kind": "set_max_num_seqs", "max_num_seqs": 64}, headers=OPS)
+    assert same.status_code == 409 and "already runs --max-num-seqs 64" in same.json()["detail"]
+    assert c.post(path, json={"kind": "set_max_num_seqs", "max_num_seqs": 32, "canary": "gpu-a/zz"},
+                  headers=OPS).status_code == 404
+    assert c.post(path, json={"kind": "set_max_num_seqs", "max_num_seqs": 32}, headers=VIEWER).status_code == 403
+    raised = preview(c, path, {"kind": "set_max_num_seqs", "max_num_seqs": 128})
+    assert raised["kind"] == "raise_max_num_seqs" and raised["target"] == "replica:gpu-a/r0"

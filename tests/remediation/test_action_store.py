@@ -409,7 +409,8 @@ def test_the_operator_api_asks_the_table_who_may_request_a_kind() -> None:
 
     operator, viewer = Principal("ops", Role.OPERATOR), Principal("look", Role.VIEWER)
     _check_kind(operator, "drain")  # an operator's kind: allowed
-    for who, kind, words in ((operator, "lower_max_num_seqs", "policies only"), (viewer, "restart", "operator role")):
+    _check_kind(operator, "lower_max_num_seqs")  # through the model endpoint, as a canary
+    for who, kind, words in ((operator, "planned_restart", "policies only"), (viewer, "restart", "operator role")):
         with pytest.raises(HTTPException) as refused:
             _check_kind(who, kind)
         assert refused.value.status_code == 403 and words in str(refused.value.detail)

@@ -37,10 +37,18 @@ def render(console: frame.Console, reader: Reader) -> None:
             st.altair_chart(charts.states(model.get("by_state") or {}), width="stretch")
             for line in card["alerts"]:
                 st.warning(line)
+            path = f"/v1/models/{quote(card['model'], safe='')}/actions"
             confirm.action(console, Request(
                 key=f"rolling:{card['model']}", label=f"Rolling restart of {card['model']}", method="POST",
-                path=f"/v1/models/{quote(card['model'], safe='')}/actions", body={"kind": "rolling_restart"},
-                previewable=True))
+                path=path, body={"kind": "rolling_restart"}, previewable=True))
+            if console.identity.can_act:
+                # Tried on one replica first and judged beside its peers, as the governor's own changes are.
+                value = st.number_input("--max-num-seqs, canary first", min_value=1, max_value=65536, value=64,
+                                        step=16, key=f"mns-value:{card['model']}")
+                confirm.action(console, Request(
+                    key=f"mns:{card['model']}", label=f"Set --max-num-seqs {int(value)} on {card['model']}",
+                    method="POST", path=path, body={"kind": "set_max_num_seqs", "max_num_seqs": int(value)},
+                    previewable=True))
     elsewhere = overview.firing_by_model(firing).get("", [])
     for a in elsewhere:
         st.warning(f"{a.get('severity')}: {(a.get('labels') or {}).get('alertname')} on "
