@@ -12,6 +12,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.harness.procs import Processes, free_port, wait_until
@@ -22,9 +23,13 @@ CHECK_FALL = 1
 CHECK_RISE = 2
 
 
-def config_text(*, port: int, socket_path: Path, agent_port: int, engines: dict[str, int]) -> str:
-    servers = "\n".join(f"  server {name} 127.0.0.1:{engine_port} check addr 127.0.0.1 port {agent_port}"
-                        for name, engine_port in engines.items())
+def config_text(*, port: int, socket_path: Path, servers: Mapping[str, tuple[int, int]], timeout_s: int = 120,
+                backend_extra: str = "", check_inter_ms: int = CHECK_INTER_MS, check_fall: int = CHECK_FALL,
+                check_rise: int = CHECK_RISE) -> str:
+    """``servers``: replica name -> (engine port, port of the agent that answers for its readiness)."""
+    lines = "\n".join(f"  server {name} 127.0.0.1:{engine_port} check addr 127.0.0.1 port {agent_port}"
+                      for name, (engine_port, agent_port) in servers.items())
+    extra = f"  {backend_extra}\n" if backend_extra else ""
     return f"""global
   stats socket {socket_path} mode 600 level admin
   maxconn 4096
@@ -32,8 +37,8 @@ def config_text(*, port: int, socket_path: Path, agent_port: int, engines: dict[
 defaults
   mode http
   timeout connect 2s
-  timeout client 120s
-  timeout server 120s
+  timeout client {timeout_s}s
+  timeout server {timeout_s}s
   retries 3
   option redispatch
 
@@ -46,9 +51,30 @@ backend engines
   option httpchk
   http-check send meth GET uri-lf /v1/replicas/%[srv_name]/ready
   http-check expect status 200
-  default-server inter {CHECK_INTER_MS}ms fall {CHECK_FALL} rise {CHECK_RISE}
-{servers}
+{extra}  default-server inter {check_inter_ms}ms fall {check_fall} rise {check_rise}
+{lines}
 """
+
+
+def admin_command(socket_path: Path, line: str, timeout: float = 5.0) -> str:
+    """One command on HAProxy's admin socket, and its whole answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(socket_path))
+        s.sendall(line.encode() + b"\n")
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+def servers_up(socket_path: Path, names: Sequence[str], timeout: float = 5.0) -> int:
+    """How many of ``names``' servers HAProxy counts UP now (the ones it routes new requests to)."""
+    lines = admin_command(socket_path, "show stat", timeout).splitlines()
+    header = lines[0].lstrip("# ").split(",")
+    sv, status = header.index("svname"), header.index("status")
+    rows = [line.split(",") for line in lines[1:] if line and not line.startswith("#")]
+    return sum(1 for r in rows if len(r) > status and r[sv] in names and r[status].startswith("UP"))
 
 
 class HAProxy:
@@ -63,28 +89,17 @@ class HAProxy:
         self.socket_path = tmp / "haproxy.sock"
         self.names = list(engines)
         config = tmp / "haproxy.cfg"
-        config.write_text(config_text(port=self.port, socket_path=self.socket_path, agent_port=agent_port,
-                                      engines=engines))
+        config.write_text(config_text(port=self.port, socket_path=self.socket_path,
+                                      servers={name: (p, agent_port) for name, p in engines.items()}))
         processes.start_argv("haproxy", [HAPROXY, "-f", str(config), "-db"])
         wait_until(self.socket_path.exists, 20, what="HAProxy's admin socket")
 
     def command(self, line: str) -> str:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(5)
-            s.connect(str(self.socket_path))
-            s.sendall(line.encode() + b"\n")
-            chunks = []
-            while chunk := s.recv(65536):
-                chunks.append(chunk)
-        return b"".join(chunks).decode()
+        return admin_command(self.socket_path, line)
 
     def servers_up(self) -> int:
         """How many of the replicas' servers HAProxy counts UP now (the ones it routes new requests to)."""
-        lines = self.command("show stat").splitlines()
-        header = lines[0].lstrip("# ").split(",")
-        sv, status = header.index("svname"), header.index("status")
-        rows = [line.split(",") for line in lines[1:] if line and not line.startswith("#")]
-        return sum(1 for r in rows if len(r) > status and r[sv] in self.names and r[status].startswith("UP"))
+        return servers_up(self.socket_path, self.names)
 
 
 class UpSampler:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ import httpx
 import psutil
 import yaml
 
+from bench.harness.haproxy import config_text, servers_up
 from tests.helpers import free_port, http_ok, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,33 +124,11 @@ def _in_state(node: Node, state: str) -> bool:
 
 
 def haproxy_config(*, port: int, socket_path: Path, nodes: list[Node]) -> str:
-    servers = "\n".join(f"  server {n.replica} 127.0.0.1:{n.engine_port} check addr 127.0.0.1 port {n.agent_port}"
-                        for n in nodes)
-    return f"""global
-  stats socket {socket_path} mode 600 level admin
-  maxconn 4096
-
-defaults
-  mode http
-  timeout connect 2s
-  timeout client 60s
-  timeout server 60s
-  retries 3
-  option redispatch
-
-frontend api
-  bind 127.0.0.1:{port}
-  default_backend engines
-
-backend engines
-  balance leastconn
-  option httpchk
-  http-check send meth GET uri-lf /v1/replicas/%[srv_name]/ready
-  http-check expect status 200
-  http-response set-header {SERVED_BY} %s
-  default-server inter {CHECK_INTER_MS}ms fall {CHECK_FALL} rise {CHECK_RISE}
-{servers}
-"""
+    # Every response names the server that answered it: a request lost with a killed engine is told apart.
+    return config_text(port=port, socket_path=socket_path,
+                       servers={n.replica: (n.engine_port, n.agent_port) for n in nodes}, timeout_s=60,
+                       backend_extra=f"http-response set-header {SERVED_BY} %s", check_inter_ms=CHECK_INTER_MS,
+                       check_fall=CHECK_FALL, check_rise=CHECK_RISE)
 
 
 class HAProxy:
@@ -169,18 +147,7 @@ class HAProxy:
         wait_until(self.socket_path.exists, 20, what="HAProxy's admin socket")
 
     def servers_up(self) -> int:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(2)
-            s.connect(str(self.socket_path))
-            s.sendall(b"show stat\n")
-            chunks = []
-            while chunk := s.recv(65536):
-                chunks.append(chunk)
-        lines = b"".join(chunks).decode().splitlines()
-        header = lines[0].lstrip("# ").split(",")
-        sv, status = header.index("svname"), header.index("status")
-        rows = [line.split(",") for line in lines[1:] if line and not line.startswith("#")]
-        return sum(1 for r in rows if len(r) > status and r[sv] in self.names and r[status].startswith("UP"))
+        return servers_up(self.socket_path, self.names, timeout=2)
 
 
 @dataclass(frozen=True)
