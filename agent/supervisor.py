@@ -15,7 +15,7 @@ import os
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TypeVar
 
 import httpx
 
@@ -26,6 +26,7 @@ from agent.desired import Want
 from agent.engine_log import last_lines
 from agent.engine_proc import EngineProcess
 from agent.event_journal import EventJournal
+from agent.phases import Outcome, first_of
 from agent.pidfile import PidFile, end_group
 from agent.probes import engine_ready, in_flight, served_model_name, stream_completion
 from agent.process_tree import client_connections
@@ -38,7 +39,6 @@ from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus
 log = logging.getLogger(__name__)
 S = ReplicaState
 T = TypeVar("T")
-Outcome = Literal["done", "exit", "wake", "timeout"]
 DRAIN_QUIET_POLLS = 2  # consecutive polls with nothing running or waiting before the drain is done
 
 
@@ -211,27 +211,8 @@ class ReplicaSupervisor:
         self.pidfile.clear()
 
     async def _phase(self, work: Awaitable[T] | None, limit: float | None) -> tuple[Outcome, T | None]:
-        """Wait for ``work``, the engine's exit, or a wake-up, whichever comes first."""
-        waiters: dict[asyncio.Future[Any], Outcome] = {}
-        work_task = asyncio.ensure_future(work) if work is not None else None
-        if work_task is not None:
-            waiters[work_task] = "done"
-        if self.proc is not None:
-            waiters[asyncio.ensure_future(self.proc.exited())] = "exit"
-        self._wake.clear()
-        wake_task: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
-        waiters[wake_task] = "wake"
-        try:
-            done, _ = await asyncio.wait(waiters, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for fut in waiters:
-                if not fut.done():
-                    fut.cancel()
-        for outcome in ("exit", "done", "wake"):
-            for fut in done:
-                if waiters[fut] == outcome:
-                    return outcome, (fut.result() if outcome == "done" else None)
-        return "timeout", None
+        """Wait for ``work``, the engine's exit, or a wake-up, whichever comes first (``agent.phases``)."""
+        return await first_of(work, self.proc.exited() if self.proc is not None else None, self._wake, limit)
 
     async def _start(self) -> None:
         if self.state in (S.BACKOFF, S.FATAL) and self.want.generation == self.generation:
