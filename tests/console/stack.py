@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import httpx
 import yaml
 
 from pitstop.demo import Child
+from tests.helpers import free_port, http_ok
 
 ROOT = Path(__file__).resolve().parents[2]
 PITSTOP = [sys.executable, "-m", "pitstop.cli"]
@@ -37,19 +37,6 @@ UI_TIMEOUT_MS = 90_000
 SIM_ARGS = ["--sim-startup-seconds", "0.5", "--shutdown-timeout", "2", "--max-num-seqs", "64"]
 FAST_REPLICA = {"drain_grace": 0.5, "drain_timeout": 5, "stop_timeout": 5, "start_timeout": 60,
                 "warmup": {"requests": 2, "max_tokens": 4}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        return httpx.get(url, timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def chromium_path() -> str | None:
