@@ -6,7 +6,8 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 
@@ -64,3 +65,21 @@ class SteadyTraffic:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, ready_path: str = "/healthz", timeout: float = 15) -> Iterator[str]:
+    """``app`` served by uvicorn on a free loopback port in a thread; yields its URL once ``ready_path`` is 200."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: http_ok(f"{url}{ready_path}"), timeout=timeout, what="the server to listen")
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

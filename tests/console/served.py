@@ -7,7 +7,6 @@ Tokens: viewer "look", operator "op", admin "boss", agent "agent".
 from __future__ import annotations
 
 import importlib.util
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -15,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from streamlit.testing.v1 import AppTest
 
 from controlplane.api.app import create_app
 from controlplane.console.client import ENV_API_URL, ENV_READ_ONLY, ENV_TOKEN
 from tests.controlplane.fixtures import T0, FakeClock
-from tests.helpers import free_port, http_ok, wait_until
+from tests.helpers import serve_in_thread
 from tests.remediation.fleet import Fleet, SimAgent, fleet, server_config
 
 # Found, never imported: importing the page script would run it outside Streamlit.
@@ -41,17 +39,8 @@ def serve(tmp_path: Path, agents: list[SimAgent], build: Callable[[Fleet], None]
         if build is not None:
             build(f)
     app = create_app(server_config(tmp_path, **TOKENS, **settings), clock=clock, run_jobs=False)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: http_ok(f"{url}/healthz"), timeout=15, what="control plane to listen")
+    with serve_in_thread(app) as url:
         yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def open_console(monkeypatch: pytest.MonkeyPatch, api_url: str, token: str | None = None, *,

@@ -1,11 +1,9 @@
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -13,7 +11,7 @@ from controlplane.api.app import create_app
 from controlplane.config import ServerConfig
 from tests.controlplane import pg
 from tests.controlplane.fixtures import FakeClock
-from tests.helpers import free_port, http_ok, wait_until
+from tests.helpers import serve_in_thread
 
 
 @pytest.fixture
@@ -67,14 +65,5 @@ def live_api(tmp_path: Path) -> Iterator[str]:
     """A real control plane (viewer token "look", agent token "agent") served by uvicorn in a thread."""
     config = ServerConfig(database_url=f"sqlite:///{tmp_path / 'cp.db'}", viewer_tokens=["look"],
                           agent_tokens=["agent"])
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: http_ok(f"{url}/healthz"), timeout=15, what="control plane to listen")
+    with serve_in_thread(create_app(config)) as url:
         yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from controlplane.api.app import create_app
 from controlplane.console import actions
 from tests.console.served import click, open_console
 from tests.controlplane.fixtures import T0, FakeClock
-from tests.helpers import free_port, http_ok, wait_until
+from tests.helpers import serve_in_thread
 from tests.remediation.fleet import SimAgent, SimReplica, fleet, server_config
 from tests.remediation.test_guarded_flows import STALL, policy_dir, wedge
 
@@ -51,18 +49,8 @@ def served(tmp_path: Path) -> Iterator[str]:
         wedge(agent, "r0")
         f.run(60)
     config = server_config(tmp_path, policy_dirs=[str(policies)], operator_tokens=["op"], policies_enabled=False)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(config, clock=clock), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: http_ok(f"{url}/healthz"), timeout=15, what="control plane to listen")
+    with serve_in_thread(create_app(config, clock=clock)) as url:
         yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def test_the_page_lists_a_proposal_and_approves_it(served: str, monkeypatch: pytest.MonkeyPatch) -> None:
