@@ -127,25 +127,31 @@ def test_control_plane_away_keeps_supervising(start_agent: Callable[..., AgentPr
     assert agent.output().count("control plane unreachable") == 1  # once per outage, not per attempt
 
 
+def long_stream(agent: AgentProcess, port: int, max_tokens: int) -> tuple[threading.Thread, dict[str, Any]]:
+    """A streaming completion in a thread, running on the engine when this returns; its data lines land in
+    the dict's ``lines`` once it ends."""
+    result: dict[str, Any] = {}
+
+    def stream() -> None:
+        body = {"model": "tiny", "prompt": "tell me", "max_tokens": max_tokens, "stream": True}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30) as response:
+            result["lines"] = [line for line in response.iter_lines() if line.startswith("data:")]
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    wait_until(lambda: (agent.replica("r1").get("engine") or {}).get("requests_running", 0) > 0, 10,
+               what="the request to be running")
+    return streamer, result
+
+
 def test_drain_lets_in_flight_requests_finish_before_the_stop(
         start_agent: Callable[..., AgentProcess], control_plane: tuple[ControlPlaneStandIn, str]) -> None:
     stand_in, url = control_plane
     spec = sim_replica(drain_timeout=20)
     agent = start_agent([spec], control_plane=url)
     pid = agent.wait_state("r1", "READY")["process"]["pid"]
-    result: dict[str, Any] = {}
-
-    def long_stream() -> None:
-        body = {"model": "tiny", "prompt": "tell me", "max_tokens": 300, "stream": True}  # ~3 s when warm
-        with httpx.stream("POST", f"http://127.0.0.1:{spec['port']}/v1/completions", json=body,
-                          timeout=30) as response:
-            result["lines"] = [line for line in response.iter_lines() if line.startswith("data:")]
-
-    streamer = threading.Thread(target=long_stream)
-    streamer.start()
+    streamer, result = long_stream(agent, spec["port"], max_tokens=300)  # ~3 s when warm
     try:
-        wait_until(lambda: (agent.replica("r1").get("engine") or {}).get("requests_running", 0) > 0, 10,
-                   what="the request to be running")
         stand_in.desired = DesiredState(node="test-node", replicas=[ReplicaSpec(name="r1", generation=0,
                                                                                 engine_args=SIM_ARGS, enabled=False)])
         agent.wait_state("r1", "DRAINING", timeout=10)
@@ -181,19 +187,8 @@ def test_an_engine_left_while_draining_is_adopted_drained_and_replaced(
     spec = sim_replica(drain_timeout=20)
     first = start_agent([spec], control_plane=url)
     old = first.wait_state("r1", "READY")["process"]["pid"]
-    result: dict[str, Any] = {}
-
-    def long_stream() -> None:
-        body = {"model": "tiny", "prompt": "tell me", "max_tokens": 400, "stream": True}  # ~4 s when warm
-        with httpx.stream("POST", f"http://127.0.0.1:{spec['port']}/v1/completions", json=body,
-                          timeout=30) as response:
-            result["lines"] = [line for line in response.iter_lines() if line.startswith("data:")]
-
-    streamer = threading.Thread(target=long_stream)
-    streamer.start()
+    streamer, result = long_stream(first, spec["port"], max_tokens=400)  # ~4 s when warm
     try:
-        wait_until(lambda: (first.replica("r1").get("engine") or {}).get("requests_running", 0) > 0, 10,
-                   what="the request to be running")
         stand_in.desired = DesiredState(node="test-node", replicas=[ReplicaSpec(name="r1", generation=1,
                                                                                 engine_args=SIM_ARGS)])
         first.wait_state("r1", "DRAINING", timeout=10)
