@@ -47,16 +47,20 @@ def shipped_rules() -> Path | None:
     return rules if rules.is_file() else None
 
 
-def prometheus_config(api_url: str, token_file: Path, alertmanager_url: str | None,
-                      rules: Path | None) -> dict[str, Any]:
-    """alerts/README.md's prometheus.yml for the demo's control plane, refreshed every 5 s."""
+def prometheus_config(api_url: str, token_file: Path, alertmanager_url: str | None, rules: Path | None, *,
+                      every_s: int = 5, scrape_timeout_s: int = 4) -> dict[str, Any]:
+    """alerts/README.md's prometheus.yml for a control plane at ``api_url``, scraping and refreshing its
+    targets every ``every_s`` seconds."""
     def discovered(job: str) -> dict[str, Any]:
+        # The agent labels its own series with node (and gpu, replica, model): it is the authority for them,
+        # so its job honours them rather than prefixing each with exported_ beside the target's node label.
         return {"job_name": job, "honor_labels": job == "pitstop-agent", "http_sd_configs": [{
-            "url": f"{api_url}/v1/prometheus/targets?job={job}", "refresh_interval": "5s",
+            "url": f"{api_url}/v1/prometheus/targets?job={job}", "refresh_interval": f"{every_s}s",
             "authorization": {"type": "Bearer", "credentials_file": str(token_file)}}]}
 
     config: dict[str, Any] = {
-        "global": {"scrape_interval": "5s", "evaluation_interval": "5s", "scrape_timeout": "4s"},
+        "global": {"scrape_interval": f"{every_s}s", "evaluation_interval": f"{every_s}s",
+                   "scrape_timeout": f"{scrape_timeout_s}s"},
         "scrape_configs": [discovered("pitstop-agent"), discovered("pitstop-engines"),
                            {"job_name": "pitstop-controlplane",
                             "static_configs": [{"targets": [api_url.removeprefix("http://")]}]}],

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import yaml
 
+from pitstop.demo_prometheus import prometheus_config
 from tests.helpers import free_port, http_ok, wait_until
 from tests.observability.conftest import StackProcesses
 from tests.observability.rules import RULES
@@ -141,22 +142,6 @@ def start_prometheus_for_fleet(tmp: Path, processes: StackProcesses, *, control_
     token_file = tmp / "prometheus-token"
     token_file.write_text(token)
 
-    def discovered(job: str) -> dict[str, Any]:
-        # The agent labels its own series with node (and gpu, replica, model): it is the authority for them,
-        # so its job honours them rather than prefixing each with exported_ beside the target's node label.
-        return {"job_name": job, "honor_labels": job == "pitstop-agent", "http_sd_configs": [{
-            "url": f"{control_plane}/v1/prometheus/targets?job={job}", "refresh_interval": "1s",
-            "authorization": {"type": "Bearer", "credentials_file": str(token_file)}}]}
-
-    config: dict[str, Any] = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-        "rule_files": [str(rules)],
-        "scrape_configs": [discovered("pitstop-agent"), discovered("pitstop-engines"),
-                           {"job_name": "pitstop-controlplane",
-                            "static_configs": [{"targets": [control_plane.removeprefix("http://")]}]}],
-    }
-    if alertmanager is not None:
-        config["alerting"] = {"alertmanagers": [{"static_configs": [
-            {"targets": [alertmanager.removeprefix("http://")]}]}]}
+    config = prometheus_config(control_plane, token_file, alertmanager, rules, every_s=1, scrape_timeout_s=1)
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     return _run_prometheus(tmp, processes, tmp / "prometheus.yml", port)
