@@ -119,16 +119,15 @@ def _store(session: Session, decision: Decision, who: str, force: bool, now: dat
 def _act(session: Session, proposal: ProposedAction, who: str, force: bool, now: datetime,
          config: GuardConfig | None, dry_run: bool) -> ActionRow | ActionPreview:
     config = config or GuardConfig()
+    # The guardrails need only the model's replicas (a fence is judged by no budget); a fence's blast radius
+    # needs every replica of its node or GPU, whatever their model.
+    fence = proposal.target.kind in ("node", "gpu")
+    model = (None if dry_run else "") if fence else (proposal.model or "")
+    snapshot = build_snapshot(session=session, now=now, history=_NO_HISTORY, model=model)
+    state = guard_state(session=session, now=now)
+    decision = decide([proposal], state, snapshot, now, {}, config).decisions[0]
     if dry_run:
-        # A node's fence drains replicas of any model: its blast radius needs them all.
-        model = proposal.model if proposal.target.kind in ("replica", "model") else None
-        snapshot = build_snapshot(session=session, now=now, history=_NO_HISTORY, model=model)
-        state = guard_state(session=session, now=now)
-        decision = decide([proposal], state, snapshot, now, {}, config).decisions[0]
         return preview(decision, snapshot, state, config, force=force)
-    # The guardrails need only the model's replicas (a fence is judged by no budget).
-    snapshot = build_snapshot(session=session, now=now, history=_NO_HISTORY, model=proposal.model or "")
-    decision = decide([proposal], guard_state(session=session, now=now), snapshot, now, {}, config).decisions[0]
     return _store(session, decision, who, force, now)
 
 
