@@ -1,4 +1,4 @@
-"""The agent's HTTP API (FastAPI), served by uvicorn inside the supervisor's asyncio loop.
+"""The agent's HTTP API, a plain ASGI app served by uvicorn inside the supervisor's asyncio loop.
 
 ``GET /healthz``                    the agent itself is up
 ``GET /metrics``                    Prometheus text (``agent.exporter``), one registry per agent
@@ -6,19 +6,34 @@
 ``GET /v1/replicas/{name}``         one ``ReplicaStatus``
 ``GET /v1/replicas/{name}/ready``   200 only when READY, 503 otherwise, 404 unknown: for load balancers
 ``GET /engines/{name}/metrics``     the replica's engine's own /metrics, passed through (``agent.engine_proxy``)
+
+Six fixed routes, so no framework: a load balancer asks each replica's readiness every second and Prometheus
+reads every engine through here, and under FastAPI its middleware and dependency layers were most of each of
+those requests (and its import a tenth of the agent's memory). HEAD is answered as GET without the body; any
+other method is a 405 with ``Allow``; errors are ``{"detail": ...}`` as the control plane's are.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Protocol
 
 import httpx
-from fastapi import FastAPI, HTTPException, Request, Response
-from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import TypeAdapter
 
 from agent.engine_proxy import fetch_engine_metrics, scrape_timeout
 from agent.wire import ReplicaStatus
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+JSON = "application/json"
+_STATUSES = TypeAdapter(list[ReplicaStatus])
 
 
 class AgentView(Protocol):
@@ -30,46 +45,74 @@ class AgentView(Protocol):
     def statuses(self) -> list[ReplicaStatus]: ...
 
 
-def create_app(view: AgentView, engine_client: httpx.AsyncClient | None = None) -> FastAPI:
-    app = FastAPI(title=f"pitstop agent {view.node}", docs_url=None, redoc_url=None, openapi_url=None)
+async def _answer(send: Send, status: int, body: bytes, content_type: str, head: bool = False,
+                  extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    headers = [(b"content-type", content_type.encode("latin-1")), (b"content-length", str(len(body)).encode()),
+               *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if head else body})
+
+
+def _detail(message: str) -> bytes:
+    return json.dumps({"detail": message}).encode()
+
+
+def create_app(view: AgentView, engine_client: httpx.AsyncClient | None = None) -> AsgiApp:
     # Made on the first proxied scrape, inside the serving loop; one client for every engine (kept-alive).
     clients: list[httpx.AsyncClient] = [engine_client] if engine_client is not None else []
 
-    def find(name: str) -> ReplicaStatus:
-        for status in view.statuses():
-            if status.name == name:
-                return status
-        raise HTTPException(status_code=404, detail=f"no replica named {name!r} on node {view.node}")
+    def find(name: str) -> ReplicaStatus | None:
+        return next((s for s in view.statuses() if s.name == name), None)
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok", "node": view.node}
-
-    @app.get("/metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(view.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/replicas")
-    def replicas() -> list[ReplicaStatus]:
-        return view.statuses()
-
-    @app.get("/v1/replicas/{name}")
-    def replica(name: str) -> ReplicaStatus:
-        return find(name)
-
-    @app.get("/v1/replicas/{name}/ready")
-    def ready(name: str) -> JSONResponse:
-        status = find(name)
-        return JSONResponse({"replica": name, "state": status.state.value, "ready": status.ready},
-                            status_code=200 if status.ready else 503)
-
-    @app.get("/engines/{name}/metrics")
-    async def engine_metrics(name: str, request: Request) -> Response:
-        status = find(name)
+    async def engine_metrics(status: ReplicaStatus, scope: Scope) -> tuple[int, bytes, str]:
         if not clients:
             clients.append(httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64)))
-        timeout = scrape_timeout(request.headers.get("x-prometheus-scrape-timeout-seconds"))
-        proxied = await fetch_engine_metrics(clients[0], status.url, dict(request.headers), timeout)
-        return Response(proxied.body, status_code=proxied.status, media_type=proxied.content_type)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        timeout = scrape_timeout(headers.get("x-prometheus-scrape-timeout-seconds"))
+        proxied = await fetch_engine_metrics(clients[0], status.url, headers, timeout)
+        return proxied.status, proxied.body, proxied.content_type
+
+    async def route(path: str, scope: Scope) -> tuple[int, bytes, str]:
+        if path == "/healthz":
+            return 200, json.dumps({"status": "ok", "node": view.node}).encode(), JSON
+        if path == "/metrics":
+            return 200, generate_latest(view.registry), CONTENT_TYPE_LATEST
+        if path == "/v1/replicas":
+            return 200, _STATUSES.dump_json(view.statuses()), JSON
+        parts = path.split("/")
+        replica = len(parts) in (4, 5) and parts[1:3] == ["v1", "replicas"] and parts[4:] in ([], ["ready"])
+        engine = len(parts) == 4 and parts[1] == "engines" and parts[3] == "metrics"
+        if replica or engine:  # /v1/replicas/{name}[/ready], /engines/{name}/metrics
+            name = parts[3] if replica else parts[2]
+            status = find(name)
+            if status is None:
+                return 404, _detail(f"no replica named {name!r} on node {view.node}"), JSON
+            if engine:
+                return await engine_metrics(status, scope)
+            if len(parts) == 5:
+                body = json.dumps({"replica": name, "state": status.state.value, "ready": status.ready})
+                return (200 if status.ready else 503), body.encode(), JSON
+            return 200, status.model_dump_json().encode(), JSON
+        return 404, _detail("Not Found"), JSON
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":  # served with lifespan off; answered anyway, for any other server
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] != "http":
+            return
+        method = scope["method"]
+        if method not in ("GET", "HEAD"):
+            await _answer(send, 405, _detail("Method Not Allowed"), JSON, extra=((b"allow", b"GET, HEAD"),))
+            return
+        try:
+            status, body, content_type = await route(scope["path"], scope)
+        except Exception:  # uvicorn would close the connection without an answer; the load balancer deserves one
+            status, body, content_type = 500, _detail("Internal Server Error"), JSON
+            await _answer(send, status, body, content_type, head=method == "HEAD")
+            raise
+        await _answer(send, status, body, content_type, head=method == "HEAD")
 
     return app

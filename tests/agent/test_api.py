@@ -48,3 +48,23 @@ def test_replica_list_health_and_metrics() -> None:
     text = client.get("/metrics").text
     names = {f.name for f in text_string_to_metric_families(text)}
     assert "pitstop_replica_state" in names
+
+
+def test_head_is_get_without_a_body_other_methods_are_405_and_unknown_paths_404() -> None:
+    client = TestClient(create_app(FakeAgent()))
+    head = client.head("/v1/replicas/draining/ready")
+    assert head.status_code == 503 and head.content == b"" and int(head.headers["content-length"]) > 0
+    refused = client.post("/v1/replicas/up/ready")
+    assert refused.status_code == 405 and refused.headers["allow"] == "GET, HEAD"
+    for path in ("/", "/v1", "/v1/replicas/up/ready/more", "/engines/up", "/v1/nodes"):
+        assert client.get(path).status_code == 404, path
+    missing = client.get("/v1/replicas/nope")
+    assert missing.status_code == 404 and "nope" in missing.json()["detail"]
+
+
+def test_replica_json_is_the_wire_model_as_the_control_plane_reads_it() -> None:
+    agent = FakeAgent()
+    client = TestClient(create_app(agent))
+    assert client.get("/v1/replicas").json() == [r.model_dump(mode="json") for r in agent.replicas]
+    assert client.get("/v1/replicas/up").json() == agent.replicas[0].model_dump(mode="json")
+    assert client.get("/v1/replicas/up").headers["content-type"] == "application/json"
