@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.cookiejar
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 
 import httpx
 
@@ -55,6 +57,41 @@ class _Closed(Exception):
 
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request sent the same way every time, its bytes built once: ``prepare``."""
+
+    key: tuple[str, int]
+    method: str
+    raw: bytes
+    timeout: float | None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A whole answer to a ``Prepared`` request: status, headers by lower-cased name, body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+_PREPARED: weakref.WeakKeyDictionary[httpx.Request, Prepared] = weakref.WeakKeyDictionary()
+
+
+def prepare(request: httpx.Request) -> Prepared:
+    """``request`` (an ``http://`` one with its body in memory) as ``PlainHttpTransport.fetch`` and ``stream`` send
+    it; built once per request object, which a caller that sends the same request every interval keeps."""
+    prepared = _PREPARED.get(request)
+    if prepared is None:
+        timeouts = request.extensions.get("timeout", {})
+        limit = max((t for t in timeouts.values() if t is not None), default=None)
+        prepared = Prepared((request.url.host, request.url.port or 80), request.method,
+                            _request_bytes(request, request.read()), limit)
+        _PREPARED[request] = prepared
+    return prepared
 
 
 def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
@@ -122,7 +159,8 @@ class _StreamedBody(httpx.AsyncByteStream):
     its pool once the whole body was read, and is closed otherwise."""
 
     def __init__(self, transport: PlainHttpTransport, key: tuple[str, int], conn: Connection,
-                 headers: dict[str, str], keep: bool, deadline: float | None, request: httpx.Request) -> None:
+                 headers: dict[str, str], keep: bool, deadline: float | None,
+                 request: httpx.Request | None) -> None:
         self.transport, self.key, self.conn, self.keep = transport, key, conn, keep
         self.deadline, self.request = deadline, request
         self.done: list[bool] = []
@@ -181,8 +219,10 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
         try:
             async with asyncio.timeout_at(deadline):
                 while True:
-                    idle = self._idle.get(key)
-                    conn, reused = (idle.pop(), True) if idle else (await self._connect(key, request), False)
+                    conn = self._idle_conn(key)
+                    reused = conn is not None
+                    if conn is None:
+                        conn = await self._connect(key, request)
                     try:
                         return await self._exchange(conn, key, request, body, reused,
                                                     deadline if streamed else None, streamed)
@@ -193,7 +233,7 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
         except _READ_ERRORS as exc:
             raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
 
-    async def _connect(self, key: tuple[str, int], request: httpx.Request) -> Connection:
+    async def _connect(self, key: tuple[str, int], request: httpx.Request | None) -> Connection:
         try:
             conn = await asyncio.open_connection(key[0], key[1], limit=_MAX_HEADER_BYTES)
         except OSError as exc:
@@ -201,38 +241,119 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
         self.connections_opened += 1
         return conn
 
+    async def _head(self, conn: Connection, raw: bytes,
+                    reused: bool) -> tuple[int, list[tuple[str, str]], dict[str, str], bool]:
+        """Send ``raw`` on ``conn`` and read the response's head: status, header pairs, the headers by lower-cased
+        name, and whether the server lets the connection be kept. ``_Closed`` for a reused connection the server
+        had closed before answering."""
+        reader, writer = conn
+        writer.write(raw)
+        await writer.drain()
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if reused and not exc.partial:
+                raise _Closed from exc
+            raise
+        lines = head.decode("latin-1").split("\r\n")
+        version, status, *_ = lines[0].split(" ", 2)
+        pairs = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:] if line)]
+        headers = {k.lower(): v for k, v in pairs}
+        keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        return int(status), pairs, headers, keep
+
     async def _exchange(self, conn: Connection, key: tuple[str, int], request: httpx.Request, body: bytes,
                         reused: bool, deadline: float | None = None, streamed: bool = False) -> httpx.Response:
         """One request on ``conn``: the whole body read, or (``streamed``) the head read and the body handed on as
         it arrives, each read before ``deadline`` (a loop time; None: none)."""
-        reader, writer = conn
         try:
-            writer.write(_request_bytes(request, body))
-            await writer.drain()
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.IncompleteReadError as exc:
-                if reused and not exc.partial:
-                    raise _Closed from exc
-                raise
-            lines = head.decode("latin-1").split("\r\n")
-            version, status, *_ = lines[0].split(" ", 2)
-            pairs = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:] if line)]
-            headers = {k.lower(): v for k, v in pairs}
-            keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-            bodiless = request.method == "HEAD" or status in ("204", "304")
+            status, pairs, headers, keep = await self._head(conn, _request_bytes(request, body), reused)
+            bodiless = request.method == "HEAD" or status in (204, 304)
             if streamed and not bodiless:
                 stream = _StreamedBody(self, key, conn, headers, keep, deadline, request)
-                return httpx.Response(int(status), headers=pairs, stream=stream, request=request)
-            content, reusable = (b"", True) if bodiless else await _read_body(reader, headers, self.max_body_bytes)
+                return httpx.Response(status, headers=pairs, stream=stream, request=request)
+            content, reusable = (b"", True) if bodiless else await _read_body(conn[0], headers, self.max_body_bytes)
         except BaseException:
-            _close(writer)
+            _close(conn[1])
             raise
         if reusable and keep:
             self._release(key, conn)
         else:
-            _close(writer)
-        return httpx.Response(int(status), headers=pairs, content=content, request=request)
+            _close(conn[1])
+        return httpx.Response(status, headers=pairs, content=content, request=request)
+
+    async def fetch(self, prepared: Prepared) -> Reply:
+        """``prepared`` sent and its whole answer read, without an ``httpx.Response``: the scrapes' path (at a 1 s
+        interval the client's layers around this were a third of a scrape). The same connections, limit, retry
+        of a stale connection and errors (``httpx.ReadTimeout``, ``ConnectError``, ``ReadError``) as
+        ``handle_async_request``."""
+        key = prepared.key
+        try:
+            async with asyncio.timeout(prepared.timeout):
+                while True:
+                    conn = self._idle_conn(key)
+                    reused = conn is not None
+                    if conn is None:
+                        conn = await self._connect(key, None)
+                    try:
+                        status, _, headers, keep = await self._head(conn, prepared.raw, reused)
+                        bodiless = prepared.method == "HEAD" or status in (204, 304)
+                        body, reusable = ((b"", True) if bodiless else
+                                          await _read_body(conn[0], headers, self.max_body_bytes))
+                    except _Closed:
+                        _close(conn[1])
+                        continue
+                    except BaseException:
+                        _close(conn[1])
+                        raise
+                    if reusable and keep:
+                        self._release(key, conn)
+                    else:
+                        _close(conn[1])
+                    return Reply(status, headers, body)
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout(f"no answer within {prepared.timeout:g}s") from exc
+        except _READ_ERRORS as exc:
+            raise httpx.ReadError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def stream(self, prepared: Prepared) -> tuple[int, _StreamedBody]:
+        """``prepared`` sent and the head of its answer read: the status and the body as it arrives (``aclose`` it
+        when done), each read before the request's deadline, counted from now. ``fetch``'s errors."""
+        key = prepared.key
+        deadline = None if prepared.timeout is None else asyncio.get_running_loop().time() + prepared.timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                while True:
+                    conn = self._idle_conn(key)
+                    reused = conn is not None
+                    if conn is None:
+                        conn = await self._connect(key, None)
+                    try:
+                        status, _, headers, keep = await self._head(conn, prepared.raw, reused)
+                    except _Closed:
+                        _close(conn[1])
+                        continue
+                    except BaseException:
+                        _close(conn[1])
+                        raise
+                    return status, _StreamedBody(self, key, conn, headers, keep, deadline, None)
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout(f"no answer within {prepared.timeout:g}s") from exc
+        except _READ_ERRORS as exc:
+            raise httpx.ReadError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _idle_conn(self, key: tuple[str, int]) -> Connection | None:
+        """A kept connection to ``key`` the server has not closed meanwhile (its FIN already read by the loop), or
+        None. The server's keep-alive ends where the agent's interval begins: uvicorn, vLLM's server, closes an
+        idle connection after 5 s, the default scrape interval, so a try on it would be a write and a read
+        for nothing before the fresh connection."""
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if not conn[0].at_eof() and not conn[1].is_closing():
+                return conn
+            _close(conn[1])
+        return None
 
     def _release(self, key: tuple[str, int], conn: Connection) -> None:
         """Keep ``conn`` for the next request to ``key``, up to ``max_idle_per_host``; close it otherwise."""
@@ -284,6 +405,20 @@ class _NoCookies(http.cookiejar.CookieJar):
         return None
 
 
-def scrape_client() -> httpx.AsyncClient:
+class LeanClient(httpx.AsyncClient):
+    """An ``httpx.AsyncClient`` with this transport for ``http://`` (httpx's own for ``https://``) and no cookie
+    jar; ``plain`` is that transport, for callers that send a ``Prepared`` request through it directly."""
+
+    def __init__(self, **kwargs: object) -> None:
+        self.plain = PlainHttpTransport()
+        super().__init__(mounts={"http://": self.plain}, cookies=_NoCookies(), **kwargs)  # type: ignore[arg-type]
+
+
+def lean_transport(client: httpx.AsyncClient, url: str) -> PlainHttpTransport | None:
+    """The transport ``client`` sends ``url`` through when that is this one and may be called directly."""
+    return client.plain if isinstance(client, LeanClient) and url.startswith("http://") else None
+
+
+def scrape_client() -> LeanClient:
     """The agent's scrape client: this transport for ``http://``, httpx's own for ``https://``; no cookie jar."""
-    return httpx.AsyncClient(mounts={"http://": PlainHttpTransport()}, cookies=_NoCookies())
+    return LeanClient()

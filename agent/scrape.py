@@ -13,12 +13,21 @@ never its memory, and a wrong body is an error on that replica, never a wrong nu
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 from urllib.parse import urlencode
 
 import httpx
 
 from agent.engine_metrics import WANTED_NAMES, EngineSnapshot, MetricsParseError, engine_sample, parse_metrics
-from agent.plain_http import BodyTooLarge, body_too_large, read_capped
+from agent.plain_http import (
+    BodyTooLarge,
+    PlainHttpTransport,
+    Prepared,
+    body_too_large,
+    lean_transport,
+    prepare,
+    read_capped,
+)
 from agent.wire import EngineSample
 
 # On loopback, gzip costs both sides CPU and saves nothing: ask for the text as it is.
@@ -67,6 +76,8 @@ class EngineScraper:
         self.timeout = timeout
         self.errors_total = 0
         self._request: httpx.Request | None = None
+        self._lean: PlainHttpTransport | Literal[False] | None = None  # None: not looked up yet
+        self._prepared: Prepared | None = None
         self._last_body = b""
         self.previous: EngineSnapshot | None = None
         self.last: EngineSample | None = None
@@ -76,17 +87,12 @@ class EngineScraper:
             # The same request every time: built once (httpx's URL and header merging is a third of a GET).
             if self._request is None:
                 self._request = self.client.build_request("GET", self.url, headers=PLAIN, timeout=self.timeout)
-            response = await self.client.send(self._request, stream=True)
-            try:
-                response.raise_for_status()
-                body = await read_capped(response)
-            finally:
-                await response.aclose()
+            body, encoding = await self._get(self._request)
             if self.previous is not None and body == self._last_body:
                 # An idle engine's series did not move: the same figures, read now (what parsing gives).
                 snap = EngineSnapshot(self.clock(), self.previous.values, self.previous.histograms)
             else:
-                snap = parse_metrics(body.decode(response.encoding or "utf-8", "replace"), self.clock(), self.model)
+                snap = parse_metrics(body.decode(encoding, "replace"), self.clock(), self.model)
                 self._last_body = body
         except (httpx.HTTPError, MetricsParseError, BodyTooLarge) as exc:
             self.errors_total += 1
@@ -96,6 +102,26 @@ class EngineScraper:
         self.previous = snap
         self.last = sample
         return sample
+
+    async def _get(self, request: httpx.Request) -> tuple[bytes, str]:
+        """The body of a 2xx answer to ``request`` and its text encoding; ``httpx.HTTPStatusError`` otherwise.
+        On the agent's lean transport the request goes to it directly, built into bytes once."""
+        if self._lean is None:
+            self._lean = lean_transport(self.client, self.url) or False
+        if self._lean:
+            if self._prepared is None:
+                self._prepared = prepare(request)
+            reply = await self._lean.fetch(self._prepared)
+            if reply.status < 300:
+                return reply.body, "utf-8"  # the exposition format is UTF-8
+            # Rare, and said as httpx says it: the answer as a response, its error raised.
+            httpx.Response(reply.status, headers=reply.headers, content=reply.body, request=request).raise_for_status()
+        response = await self.client.send(request, stream=True)
+        try:
+            response.raise_for_status()
+            return await read_capped(response), response.encoding or "utf-8"
+        finally:
+            await response.aclose()
 
     def forget(self) -> None:
         """Drop the previous snapshot (the engine was restarted on purpose)."""

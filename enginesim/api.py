@@ -170,8 +170,12 @@ def create_app(ctx: ServingContext) -> FastAPI:
         return {"object": "list", "data": data}
 
     @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(ctx.registry), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(request: Request) -> Response:
+        # vLLM serves /metrics with prometheus_client's ASGI app, which sends only the samples named by
+        # ``name[]`` when a scrape gives any (the agent's do); the same here.
+        names = request.query_params.getlist("name[]")
+        registry = ctx.registry.restricted_registry(names) if names else ctx.registry
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
