@@ -152,11 +152,16 @@ class AgentConfig(_Strict):
     sim_gpu_count: int = Field(default=1, ge=0, le=64)
     recorded_gpu_file: Path | None = None
     state_dir: Path | None = None
-    # A streaming canary every N scrape intervals (0: off). On by default: a wedged engine answers /health 200,
-    # and a canary that cannot finish while no token moves is how the agent sees it (``agent.progress``).
-    canary_every: int = Field(default=1, ge=0)
+    # A streaming canary to each serving replica about every this many seconds: with every Nth scrape, N the
+    # nearest whole number of scrape intervals, at least 1 (0: off). On by default: a wedged engine answers
+    # /health 200, and a canary that cannot finish while no token moves is how the agent sees it
+    # (``agent.progress``). Its own setting, not the scrape's: a canary is a request the engine serves, and
+    # readiness goes off within this plus two ``canary_timeout`` of a wedge.
+    canary_interval: float = Field(default=5.0, ge=0)
+    # The older form, in scrape intervals: when given, it is N (and ``canary_interval`` N scrape intervals).
+    canary_every: int | None = Field(default=None, ge=0)
     # The canary's deadline, end to end. Short on purpose: a late canary while tokens move is a busy engine and
-    # is never acted on, so the deadline only has to be longer than an idle engine's 4-token answer.
+    # is never acted on, so the deadline only has to be longer than an idle engine's 1-token answer.
     canary_timeout: float = Field(default=3.0, gt=0)
     # Canaries failed in a row, with no generation token moving, before the replica is WEDGED (readiness off).
     wedge_canaries: int = Field(default=2, ge=1, le=20)
@@ -176,6 +181,21 @@ class AgentConfig(_Strict):
         if self.control_plane_pin_sha256 is not None:
             normalise_pin(self.control_plane_pin_sha256)  # raises ValueError with the field's rule
         return self
+
+    @model_validator(mode="after")
+    def _canary_in_seconds(self) -> AgentConfig:
+        if self.canary_every is not None:
+            self.canary_interval = self.canary_every * self.scrape_interval
+        return self
+
+    @property
+    def canary_scrapes(self) -> int:
+        """A canary with every this many scrapes of a replica (0: none); counted, so no clock decides it."""
+        if self.canary_every is not None:
+            return self.canary_every
+        if self.canary_interval <= 0:
+            return 0
+        return max(1, round(self.canary_interval / self.scrape_interval))
 
     @model_validator(mode="after")
     def _no_clashes(self) -> AgentConfig:

@@ -59,7 +59,8 @@ Replica = ReplicaSupervisor | AttachedReplica
 SCRAPE_STATES = frozenset({S.WARMING, S.READY, S.WEDGED, S.DRAINING, S.ATTACHED})
 CANARY_STATES = frozenset({S.READY, S.ATTACHED})
 MAX_REPORT_EVENTS = 1000
-CANARY_PROMPT, CANARY_TOKENS = "ping", 4
+# One token proves the EngineCore generates (its TTFT is the canary's figure); each more is another chunk to read.
+CANARY_PROMPT, CANARY_TOKENS = "ping", 1
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -132,7 +133,7 @@ class Agent:
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         self.reporter = (Reporter(report_client or client, config.control_plane, self.node, config.token, wall=wall)
                          if config.control_plane else None)
-        self._ticks = 0
+        self._scrapes_since_canary: dict[str, int] = {}  # per replica, since its last canary started
         # In-flight canaries, one per replica at most: they run beside the collection loop, never inside it.
         self._canaries: dict[str, asyncio.Task[None]] = {}
         # Each replica's canary request, built once (the same bytes every interval) and again if its model changes.
@@ -185,9 +186,7 @@ class Agent:
         self.gpus = reading.gpus
         for gpu in reading.gpus:
             self.xid_ledger.observe(gpu.index, gpu.xids)
-        canary = self.config.canary_every > 0 and self._ticks % self.config.canary_every == 0
-        self._ticks += 1
-        await asyncio.gather(*(self._collect_replica(n, r, reading.process_memory, canary)
+        await asyncio.gather(*(self._collect_replica(n, r, reading.process_memory, self._canary_due(n))
                                for n, r in self.replicas.items()))
         now = _loop_time()
         if self._orphans_checked_at is None or now - self._orphans_checked_at >= self.config.orphan_check_interval:
@@ -241,9 +240,21 @@ class Agent:
             # read per engine per interval instead of two).
             engine = replica.engine if replica.state in SCRAPE_STATES else None
             before = engine.generation_tokens_total if engine is not None and engine.scrape_error is None else None
+            self._scrapes_since_canary[name] = 0
             task = asyncio.create_task(self._canary(replica, before), name=f"canary-{name}")
             self._canaries[name] = task
             task.add_done_callback(functools.partial(self._canary_done, name))
+
+    def _canary_due(self, name: str) -> bool:
+        """Whether this scrape of ``name`` sends its canary: ``canary_scrapes`` scrapes since its last one started
+        (a replica that has had none yet: at once)."""
+        every = self.config.canary_scrapes
+        if every <= 0:
+            return False
+        since = self._scrapes_since_canary.get(name)
+        if since is not None:
+            self._scrapes_since_canary[name] = since + 1
+        return since is None or since + 1 >= every
 
     def _canary_done(self, name: str, _task: asyncio.Task[None]) -> None:
         self._canaries.pop(name, None)

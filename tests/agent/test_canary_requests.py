@@ -19,9 +19,9 @@ SSE = (b'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [{"text": "b"}]
        b"data: [DONE]\n\n")
 
 
-def _agent(tmp_path: Path, handler: httpx.MockTransport) -> tuple[Agent, httpx.AsyncClient]:
+def _agent(tmp_path: Path, handler: httpx.MockTransport, **settings: object) -> tuple[Agent, httpx.AsyncClient]:
     config = AgentConfig.model_validate({
-        "node": "n1", "control_plane": None, "gpu_backend": "sim", "sim_gpu_dir": str(tmp_path / "simgpu"),
+        **settings, "node": "n1", "control_plane": None, "gpu_backend": "sim", "sim_gpu_dir": str(tmp_path / "simgpu"),
         "sim_gpu_count": 1, "state_dir": str(tmp_path / "state"),
         "replicas": [{"name": "r0", "model": "m", "url": "http://engine.test:8000"}]})
     client = httpx.AsyncClient(transport=handler)
@@ -88,3 +88,45 @@ def test_a_canary_after_a_failed_scrape_reads_the_counter_itself_and_a_flat_one_
     assert isinstance(replica, AttachedReplica)
     assert replica.canary_ok is False
     assert replica.wedged  # two canaries failed in a row with the counter flat
+
+
+def _counting_handler(seen: list[str]) -> httpx.MockTransport:
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=render("m", generation_tokens=float(len(seen))))
+        return httpx.Response(200, content=SSE, headers={"content-type": "text/event-stream"})
+
+    return httpx.MockTransport(handle)
+
+
+def test_canaries_go_every_canary_interval_not_every_scrape(tmp_path: Path) -> None:
+    """Scraped every second, a replica gets its canary every 5 s (the default): the first scrape, then every
+    fifth; a canary is a request the engine serves, so a faster scrape does not mean more of them."""
+    seen: list[str] = []
+
+    async def scenario() -> None:
+        agent, client = _agent(tmp_path, _counting_handler(seen), scrape_interval=1.0)
+        async with client:
+            await _ticks(agent, 11)
+
+    asyncio.run(scenario())
+    assert seen.count("/metrics") == 11
+    assert seen.count("/v1/completions") == 3  # scrapes 1, 6 and 11
+    assert seen[:2] == ["/metrics", "/v1/completions"]
+
+
+def test_canary_every_counts_scrapes_and_zero_turns_canaries_off(tmp_path: Path) -> None:
+    for settings, canaries in (({"scrape_interval": 1.0, "canary_every": 2}, 3),
+                               ({"scrape_interval": 1.0, "canary_interval": 0}, 0),
+                               ({"scrape_interval": 0.5, "canary_interval": 1.0}, 3),
+                               ({"scrape_interval": 10.0}, 5)):  # never less than one per scrape
+        seen: list[str] = []
+
+        async def scenario(settings: dict[str, object] = settings, seen: list[str] = seen) -> None:
+            agent, client = _agent(tmp_path, _counting_handler(seen), **settings)
+            async with client:
+                await _ticks(agent, 5)
+
+        asyncio.run(scenario())
+        assert seen.count("/v1/completions") == canaries, settings
