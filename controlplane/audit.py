@@ -1,4 +1,8 @@
-"""The audit log: who did what, when, from where, to what. Written in the same transaction as the write."""
+"""The audit log: who did what, when, from where, to what. Written in the same transaction as the write.
+
+A write made for a person by a token that acts on behalf of people names the person as the actor (at the role
+they acted with) and the token in ``detail["via"]``: who decided, and which credential carried it.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +31,11 @@ class AuditOut(BaseModel):
 def record(*, session: Session, who: Principal, what: str, now: datetime, target: str = "",
            client: str | None = None, detail: dict[str, Any] | None = None) -> None:
     """Add one audit entry; ``detail`` must never carry a secret (callers pass ids and names, not tokens)."""
+    detail = dict(detail or {})
+    if who.via is not None:
+        detail["via"] = who.via
     session.add(AuditEntry(at=now, actor=who.name, role=who.role.value, client=client, what=what, target=target,
-                           detail=detail or {}))
+                           detail=detail))
 
 
 def list_audit(*, session: Session, limit: int = 200, actor: str | None = None) -> list[AuditOut]:

@@ -9,15 +9,26 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from agent.wire import DEFAULT_MAX_CLOCK_SKEW_SECONDS
 from controlplane.notify.config import NotifierConfig, external_url_problem
-from controlplane.notify.validation import ExternalUrl
+from controlplane.notify.validation import EnvName, ExternalUrl
 from controlplane.policy.loader import locate
+from controlplane.security.roles import Role, person_name_problem
 
 ENV_PREFIX = "PITSTOP_SERVER_"
 DEFAULT_DATABASE_URL = "sqlite:///.pitstop/pitstop.db"
@@ -25,6 +36,83 @@ DEFAULT_DATABASE_URL = "sqlite:///.pitstop/pitstop.db"
 
 class ConfigError(ValueError):
     """A configuration file or variable that cannot be used; the message names where and what."""
+
+
+class ConfiguredToken(BaseModel):
+    """A static token written as a mapping, for what a bare secret cannot say: ``on_behalf_of``.
+
+    The secret is inline (``token``) or in an environment variable (``token_env``, read when the app starts), so
+    a delegating token can stay out of the YAML file like every other secret. ``on_behalf_of: true`` lets the
+    token act for the person a trusted proxy names (``X-Pitstop-On-Behalf-Of``), at that person's role
+    (``people``) and never above its own: the console's service token behind a reverse proxy.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    token: SecretStr | None = None
+    token_env: EnvName | None = None
+    on_behalf_of: bool = False
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ConfiguredToken:
+        if (self.token is None) == (self.token_env is None):
+            raise ValueError("give the secret as token (inline) or token_env (an environment variable), one of them")
+        if self.token is not None and not self.token.get_secret_value().strip():
+            raise ValueError("empty token")
+        return self
+
+    def secret(self, env: Mapping[str, str]) -> str:
+        """The token's secret; ConfigError when ``token_env`` names a variable that is unset or empty."""
+        if self.token is not None:
+            return self.token.get_secret_value()
+        value = env.get(self.token_env or "", "").strip()
+        if not value:
+            raise ConfigError(f"token_env {self.token_env}: that environment variable is not set (or empty)")
+        return value
+
+
+# The tags pydantic puts in an error's location inside a token list; errors leave them out (they are not keys).
+_SECRET_TAG, _MAPPING_TAG = "<secret>", "<mapping>"
+
+
+def _entry_form(value: Any) -> str:
+    return _MAPPING_TAG if isinstance(value, dict | ConfiguredToken) else _SECRET_TAG
+
+
+# A token of a person's role (viewer, operator, admin): the bare secret, or a mapping that says more. Agent and
+# Alertmanager tokens stay bare secrets: they never act on behalf of anyone.
+TokenEntry = Annotated[Annotated[SecretStr, Tag(_SECRET_TAG)] | Annotated[ConfiguredToken, Tag(_MAPPING_TAG)],
+                       Discriminator(_entry_form)]
+
+
+# A person is never an agent or an Alertmanager (``security.roles.PERSON_ROLES``).
+PersonRole = Literal["viewer", "operator", "admin"]
+
+
+class People(BaseModel):
+    """Who a trusted proxy may name through a token with ``on_behalf_of``, and the role each acts with.
+
+    A name in ``roles`` gets its role there (matched exactly: the proxy's spelling), anyone else
+    ``default_role``; either way never more than the token's own role. Default: everyone named is a viewer, so
+    granting a person the right to act is always written down here.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default_role: PersonRole = "viewer"
+    roles: dict[str, PersonRole] = Field(default_factory=dict)
+
+    @field_validator("roles")
+    @classmethod
+    def _names_valid(cls, value: dict[str, PersonRole]) -> dict[str, PersonRole]:
+        for name in value:
+            problem = person_name_problem(name)
+            if problem is not None:
+                raise ValueError(f"the name {name!r} {problem}")
+        return value
+
+    def role_of(self, name: str) -> Role:
+        return Role(self.roles.get(name, self.default_role))
 
 
 class ServerConfig(BaseModel):
@@ -39,13 +127,16 @@ class ServerConfig(BaseModel):
     database_url: str = DEFAULT_DATABASE_URL
     # Reports must carry ``Authorization: Bearer <one of these>`` when the list is not empty.
     agent_tokens: list[SecretStr] = Field(default_factory=list)
-    # Read endpoints need one of these (operator tokens also read) when either list is not empty.
-    operator_tokens: list[SecretStr] = Field(default_factory=list)
-    viewer_tokens: list[SecretStr] = Field(default_factory=list)
+    # Read endpoints need one of these (operator tokens also read) when either list is not empty. An entry is
+    # the secret, or a mapping {token | token_env, on_behalf_of} (``ConfiguredToken``).
+    operator_tokens: list[TokenEntry] = Field(default_factory=list)
+    viewer_tokens: list[TokenEntry] = Field(default_factory=list)
     # Manage tokens (and, later, policies); also operate and read.
-    admin_tokens: list[SecretStr] = Field(default_factory=list)
+    admin_tokens: list[TokenEntry] = Field(default_factory=list)
     # Alertmanager's webhook (``POST /v1/alertmanager``) must carry one of these; they may do nothing else.
     alertmanager_tokens: list[SecretStr] = Field(default_factory=list)
+    # The roles of the people a token with ``on_behalf_of`` may act for (``People``).
+    people: People = Field(default_factory=People)
     # Serve HTTPS with this certificate chain and key (PEM). Both or neither.
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
@@ -187,11 +278,12 @@ def _describe(exc: ValidationError, origin: str, text: str | None = None) -> str
     problems = []
     for err in exc.errors():
         message = str(err["msg"]).removeprefix("Value error, ")
-        if root is not None and err["loc"]:
-            line, field = locate(root, err["loc"])
+        loc = tuple(p for p in err["loc"] if p not in (_SECRET_TAG, _MAPPING_TAG))
+        if root is not None and loc:
+            line, field = locate(root, loc)
             problems.append(f"{origin}:{line}: field {field!r}: {message}")
             continue
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        field = ".".join(str(p) for p in loc) or "(top level)"
         problems.append(f"{origin}: field {field!r}: {message}")
     return "\n".join(problems)
 

@@ -12,8 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agent.config import load_config as load_agent_config
+from controlplane.config import ConfiguredToken, ServerConfig
 from controlplane.config import load_config as load_server_config
 from controlplane.notify.secrets import resolve_secrets
 
@@ -100,6 +102,18 @@ def test_the_sample_server_config_loads_and_its_env_file_holds_the_receivers_sec
     # What the server reads at start: every receiver's secret from the variables server.env sets, uncommented.
     resolved = resolve_secrets(config.notifier, env_file("server.env", examples=False), no_secret_files)
     assert sorted(resolved.receivers) == sorted(r.name for r in config.notifier.receivers)
+
+
+def test_the_sample_server_configs_proxy_block_loads_once_uncommented() -> None:
+    lines = (CONFIG / "server.yaml").read_text(encoding="utf-8").splitlines()
+    # Settings are commented out as "#key:" and "#  nested"; prose reads "# text".
+    block = "\n".join(line[1:] for line in lines if re.match(r"#(?:[^ #]|  )", line))
+    assert "on_behalf_of: true" in block
+    config = ServerConfig.model_validate(yaml.safe_load(block))
+    [entry] = config.operator_tokens
+    assert isinstance(entry, ConfiguredToken) and entry.on_behalf_of
+    assert entry.token_env in env_file("server.env", examples=True)
+    assert config.people.role_of("dana@example.internal") == "operator" and config.people.role_of("x") == "viewer"
 
 
 def _verify_root(tmp_path: Path) -> Path:

@@ -35,7 +35,7 @@ from controlplane.api.bodies import Rejected, read_body
 from controlplane.api.context import AppContext, get_context
 from controlplane.policy.snapshot import ALERTMANAGER_POLICY, UNMAPPED
 from controlplane.remediation.alerting import FIRING, RESOLVED, fingerprint
-from controlplane.security.roles import Role
+from controlplane.security.roles import ON_BEHALF_OF_HEADER, Role
 from controlplane.store.db import session_scope
 from controlplane.store.models import AlertRow
 from controlplane.store.models import Node as NodeRow
@@ -317,7 +317,9 @@ def _write(ctx: AppContext, payload: AlertmanagerPayload) -> _Tally:
 async def post_alerts(request: Request) -> AlertmanagerReceipt:
     ctx = get_context(request)
     try:
-        await run_in_threadpool(ctx.auth.require, request.headers.get("authorization"), Role.ALERTMANAGER)
+        # The on-behalf-of header is passed on to be refused: Alertmanager never acts for anyone.
+        await run_in_threadpool(ctx.auth.require, request.headers.get("authorization"), Role.ALERTMANAGER,
+                                on_behalf_of=request.headers.getlist(ON_BEHALF_OF_HEADER))
         payload = parse_payload(await read_body(request, MAX_PAYLOAD_BYTES, "payload"))
     except Rejected as exc:
         ctx.telemetry.reject_alertmanager(exc.reason)

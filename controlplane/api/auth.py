@@ -3,22 +3,39 @@
 With no token anywhere (configuration and database) the API stays open, as a loopback convenience, and the app
 says so loudly at start; the moment any token exists every endpoint but probes and /metrics needs one.
 Token lookups are cached for ``cache_seconds``, so a revocation by another process takes effect within that.
+
+On behalf of a person: a static token configured with ``on_behalf_of: true`` (the console's service token behind
+a reverse proxy that authenticates people) may send ``X-Pitstop-On-Behalf-Of: <person>``. The request then acts
+as that person, at the lower of the token's role and the person's (``people`` in the settings), and the audit
+log names both. Any other token sending the header is refused (403), never served as itself: a client that
+believes it acts for someone must not have its writes recorded under another name. Database tokens cannot
+delegate; the permission lives only in the server's own settings.
 """
 
 from __future__ import annotations
 
 import hmac
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from fastapi import HTTPException, status
 from sqlalchemy.orm import Session, sessionmaker
 
-from controlplane.config import ServerConfig
+from controlplane.config import ConfigError, ConfiguredToken, ServerConfig
 from controlplane.security import tokens
-from controlplane.security.roles import ANONYMOUS, Principal, Role, role_allows
+from controlplane.security.roles import (
+    ANONYMOUS,
+    ON_BEHALF_OF_HEADER,
+    PERSON_ROLES,
+    Principal,
+    Role,
+    lower_role,
+    person_name_problem,
+    role_allows,
+)
 from controlplane.store.db import session_scope
 from controlplane.store.models import ApiToken
 
@@ -27,7 +44,7 @@ LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
 class AuthError(HTTPException):
-    """401 (no usable credentials) or 403 (credentials that may not do this)."""
+    """401 (no usable credentials), 403 (credentials that may not do this), 400 (a person's name that is not)."""
 
     def __init__(self, code: int, detail: str) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if code == status.HTTP_401_UNAUTHORIZED else None
@@ -40,13 +57,23 @@ class _Cached:
     fetched: float
 
 
-def _config_principals(config: ServerConfig) -> list[tuple[bytes, Principal]]:
+def _config_principals(config: ServerConfig, env: Mapping[str, str]) -> list[tuple[bytes, Principal]]:
     out: list[tuple[bytes, Principal]] = []
     for field, role in (("admin_tokens", Role.ADMIN), ("operator_tokens", Role.OPERATOR),
                         ("viewer_tokens", Role.VIEWER), ("agent_tokens", Role.AGENT),
                         ("alertmanager_tokens", Role.ALERTMANAGER)):
-        for i, secret in enumerate(getattr(config, field)):
-            out.append((secret.get_secret_value().encode(), Principal(name=f"config:{role.value}-{i}", role=role)))
+        for i, entry in enumerate(getattr(config, field)):
+            name = f"config:{role.value}-{i}"
+            if isinstance(entry, ConfiguredToken):
+                try:
+                    secret = entry.secret(env)
+                except ConfigError as exc:
+                    raise ConfigError(f"{field}[{i}]: {exc}") from exc
+                # Typed to person roles, but checked here too: an agent never acts for anyone.
+                delegates = entry.on_behalf_of and role in PERSON_ROLES
+                out.append((secret.encode(), Principal(name=name, role=role, on_behalf_of=delegates)))
+            else:
+                out.append((entry.get_secret_value().encode(), Principal(name=name, role=role)))
     return out
 
 
@@ -54,8 +81,12 @@ class Authenticator:
     """Turns an ``Authorization`` header into a ``Principal`` allowed to do what is asked, or raises."""
 
     def __init__(self, config: ServerConfig, sessions: sessionmaker[Session], *, clock: Callable[[], datetime],
-                 monotonic: Callable[[], float] = time.monotonic, cache_seconds: float = 5.0) -> None:
-        self._configured = _config_principals(config)
+                 monotonic: Callable[[], float] = time.monotonic, cache_seconds: float = 5.0,
+                 env: Mapping[str, str] | None = None) -> None:
+        """``env`` holds the variables ``token_env`` entries name (the process's environment by default);
+        ConfigError when one is unset, so the server refuses to start rather than run without that token."""
+        self._configured = _config_principals(config, os.environ if env is None else env)
+        self._people = config.people
         self._sessions = sessions
         self._clock = clock
         self._monotonic = monotonic
@@ -119,9 +150,16 @@ class Authenticator:
         self._touch(row, now)
         return Principal(name=row.name, role=Role(row.role), node=row.node, token_id=row.id)
 
-    def identify(self, header: str | None) -> Principal:
-        """The caller, or AuthError(401) for a missing token and AuthError(403) for an unknown one."""
+    def identify(self, header: str | None, on_behalf_of: Sequence[str] = ()) -> Principal:
+        """The caller, or AuthError(401) for a missing token and AuthError(403) for an unknown one.
+
+        With ``on_behalf_of`` (the ``X-Pitstop-On-Behalf-Of`` header's values) the caller is that person, when
+        the token may act for people; 403 when it may not, 400 for a value that is not one person's name.
+        """
         if self.open_mode():
+            if on_behalf_of:
+                raise AuthError(status.HTTP_403_FORBIDDEN, f"the control plane is open (no token exists): nobody "
+                                                           f"acts on behalf of anyone; drop {ON_BEHALF_OF_HEADER}")
             return ANONYMOUS
         scheme, _, token = (header or "").partition(" ")
         token = token.strip()
@@ -130,14 +168,35 @@ class Authenticator:
         principal = self._from_config(token.encode()) or self._from_database(token)
         if principal is None:
             raise AuthError(status.HTTP_403_FORBIDDEN, "token not accepted")
-        return principal
+        return self._for_person(principal, on_behalf_of) if on_behalf_of else principal
 
-    def require(self, header: str | None, needed: Role, *, node: str | None = None) -> Principal:
-        principal = self.identify(header)
+    def _for_person(self, token: Principal, header: Sequence[str]) -> Principal:
+        """The person the header names, acting through ``token`` at no more than either's role."""
+        if not token.on_behalf_of or token.role not in PERSON_ROLES:
+            raise AuthError(status.HTTP_403_FORBIDDEN, f"this token may not act on behalf of anyone: "
+                                                       f"{ON_BEHALF_OF_HEADER} needs a token configured with "
+                                                       f"on_behalf_of: true")
+        if len(header) != 1:
+            raise AuthError(status.HTTP_400_BAD_REQUEST, f"{ON_BEHALF_OF_HEADER} given {len(header)} times: "
+                                                         "name one person")
+        person = header[0]
+        problem = person_name_problem(person)
+        if problem is not None:
+            raise AuthError(status.HTTP_400_BAD_REQUEST, f"{ON_BEHALF_OF_HEADER} {problem}")
+        role = lower_role(token.role, self._people.role_of(person))
+        return Principal(name=person, role=role, token_id=token.token_id, via=token.name)
+
+    def require(self, header: str | None, needed: Role, *, node: str | None = None,
+                on_behalf_of: Sequence[str] = ()) -> Principal:
+        principal = self.identify(header, on_behalf_of)
         if principal.anonymous:
             return principal
         if not role_allows(principal.role, needed):
             article = "an" if needed.value[0] in "aeiou" else "a"
+            if principal.via is not None:
+                raise AuthError(status.HTTP_403_FORBIDDEN, f"{article} {needed.value} is needed: "
+                                                           f"{principal.name} acts as {principal.role.value} "
+                                                           f"(through {principal.via})")
             raise AuthError(status.HTTP_403_FORBIDDEN, f"{article} {needed.value} token is needed "
                                                        f"(this one is {principal.role.value})")
         if node is not None and not principal.may_report_as(node):

@@ -16,7 +16,7 @@ from controlplane.api.telemetry import Telemetry
 from controlplane.config import ServerConfig
 from controlplane.fleet.writer import ReportWriter
 from controlplane.leader import Leadership
-from controlplane.security.roles import Principal, Role
+from controlplane.security.roles import ON_BEHALF_OF_HEADER, Principal, Role
 from controlplane.store.db import session_scope
 
 Clock = Callable[[], datetime]
@@ -60,7 +60,8 @@ def client_address(request: Request) -> str | None:
 
 
 def _principal(request: Request, needed: Role) -> Principal:
-    return get_context(request).auth.require(request.headers.get("authorization"), needed)
+    return get_context(request).auth.require(request.headers.get("authorization"), needed,
+                                             on_behalf_of=request.headers.getlist(ON_BEHALF_OF_HEADER))
 
 
 def require_reader(request: Request) -> Principal:

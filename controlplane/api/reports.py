@@ -33,7 +33,7 @@ from controlplane.api.bodies import Rejected, read_body
 from controlplane.api.context import get_context
 from controlplane.fleet.sequencing import Verdict
 from controlplane.fleet.writer import Backlogged, Written
-from controlplane.security.roles import Role
+from controlplane.security.roles import ON_BEHALF_OF_HEADER, Role
 
 SUPPORTED_PROTOCOL_VERSIONS = frozenset({PROTOCOL_VERSION})
 # What a busy control plane asks agents to wait before retrying: about one report interval.
@@ -113,7 +113,9 @@ def _out_of_order(report: NodeReport, written: Written) -> HTTPException:
 async def post_report(node: str, request: Request) -> Response:
     ctx = get_context(request)
     try:
-        ctx.auth.require(request.headers.get("authorization"), Role.AGENT, node=node)
+        # The on-behalf-of header is passed on to be refused: an agent never acts for anyone.
+        ctx.auth.require(request.headers.get("authorization"), Role.AGENT, node=node,
+                         on_behalf_of=request.headers.getlist(ON_BEHALF_OF_HEADER))
         body = await read_body(request, ctx.config.max_report_bytes, "report")
         report = _parse(body, node, ctx.clock(), timedelta(seconds=ctx.config.max_clock_skew_seconds))
     except Rejected as exc:

@@ -12,11 +12,23 @@ import streamlit as st
 from controlplane.console import reads
 from controlplane.console.client import ApiUnavailable, ConsoleSettings, TokenRefused
 from controlplane.console.frame import CONSOLE_KEY, Console
-from controlplane.console.signin import Identity, SignInRefused, identity_for, proxied, proxy_user, read_only, whoami
+from controlplane.console.signin import (
+    Identity,
+    SignInRefused,
+    WhoAmI,
+    identity_for,
+    proxied,
+    proxy_user,
+    read_only,
+    whoami,
+)
 
 IDENTITY_KEY = "pitstop_identity"
 SIGNED_OUT_KEY = "pitstop_signed_out"
 SERVICE_KEY = "pitstop_service_identity"
+# A proxy-named person acting through the service token: whoami's answer for them, asked once per session (it
+# only picks the buttons: the control plane checks the person's role on every request anyway).
+PERSON_KEY = "pitstop_proxy_person"
 PAGES = (("views/fleet.py", "Fleet", ":material/traffic:"), ("views/nodes.py", "Nodes & GPUs", ":material/memory:"),
          ("views/replicas.py", "Replicas", ":material/view_list:"),
          ("views/actions.py", "Actions & incidents", ":material/build:"),
@@ -26,12 +38,22 @@ PAGES = (("views/fleet.py", "Fleet", ":material/traffic:"), ("views/nodes.py", "
 
 def _check(settings: ConsoleSettings, token: str | None, via: str) -> Identity:
     with settings.client(token or "") as client:
-        name, role, anonymous = whoami(client)
-    return identity_for(name, role, anonymous, token, via)  # type: ignore[arg-type]
+        who = whoami(client)
+    return identity_for(who.name, who.role, who.anonymous, token, via,  # type: ignore[arg-type]
+                        delegates=who.on_behalf_of)
+
+
+def _person(settings: ConsoleSettings, service: Identity, user: str) -> WhoAmI:
+    """Whoami for ``user`` through the service token: their name and the role they act with (asked once)."""
+    known: WhoAmI | None = st.session_state.get(PERSON_KEY)
+    if known is None or known.name != user:
+        with settings.client(service.token or "", on_behalf_of=user) as client:
+            known = st.session_state[PERSON_KEY] = whoami(client)
+    return known
 
 
 def _forget_session() -> None:
-    for key in (IDENTITY_KEY, CONSOLE_KEY, reads.LAST_GOOD_KEY, "pitstop_pending", "pitstop_done"):
+    for key in (IDENTITY_KEY, CONSOLE_KEY, reads.LAST_GOOD_KEY, "pitstop_pending", "pitstop_done", PERSON_KEY):
         st.session_state.pop(key, None)
 
 
@@ -67,13 +89,15 @@ def _identity(settings: ConsoleSettings) -> Identity | None:
         service: Identity | None = st.session_state.get(SERVICE_KEY)
         if service is None:
             service = st.session_state[SERVICE_KEY] = _check(settings, settings.service_token, "console")
-        return proxied(user, service)
+        # A service token that may act on behalf of people carries the person's name on every read and write.
+        return proxied(user, service, _person(settings, service, user) if service.delegates else None)
     return read_only(settings)
 
 
 def _sidebar(identity: Identity) -> None:
     with st.sidebar:
-        st.caption("Signed in as" if identity.via in ("token", "console") else "Looking as")
+        signed_in = identity.via in ("token", "console") or identity.on_behalf_of is not None
+        st.caption("Signed in as" if signed_in else "Looking as")
         st.markdown(f"**{identity.describe()}**")
         if not identity.can_act:
             st.caption("Read only: no action buttons.")
@@ -102,7 +126,7 @@ def main() -> None:
     if identity is None:
         st.navigation([st.Page(lambda: _sign_in_form(settings), title="Sign in", url_path="sign-in")]).run()
         return
-    if identity.via == "proxy":
+    if identity.via == "proxy" and not identity.can_act:
         _sign_in_form_in_sidebar(settings)
     st.session_state[CONSOLE_KEY] = Console(settings=settings, identity=identity)
     _sidebar(identity)

@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from controlplane.security.roles import ON_BEHALF_OF_HEADER
+
 ENV_API_URL = "PITSTOP_CONSOLE_API_URL"
 # A token the console starts signed in with (the demo's, a console on one person's laptop). Optional.
 ENV_TOKEN = "PITSTOP_CONSOLE_TOKEN"
@@ -21,7 +23,8 @@ ENV_REFRESH = "PITSTOP_CONSOLE_REFRESH_SECONDS"
 ENV_READ_ONLY = "PITSTOP_CONSOLE_READ_ONLY"
 # Behind a reverse proxy the operator trusts: the request header that names the person (e.g. X-Forwarded-User).
 ENV_USER_HEADER = "PITSTOP_CONSOLE_USER_HEADER"
-# The console's own token (a viewer's) for what it reads on behalf of a proxy-named or read-only visitor.
+# The console's own token, for a proxy-named or read-only visitor. Behind a trusted proxy, a static token the
+# control plane configures with ``on_behalf_of: true`` lets proxy-named people act as themselves; any other reads.
 ENV_SERVICE_TOKEN = "PITSTOP_CONSOLE_SERVICE_TOKEN"
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -58,12 +61,21 @@ class ConsoleSettings:
             service_token=env.get(ENV_SERVICE_TOKEN) or None,
         )
 
-    def client(self, token: str | None = None, transport: httpx.BaseTransport | None = None) -> httpx.Client:
-        """A client for the API with ``token`` (the settings' own token when None)."""
-        token = token if token is not None else self.token
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.api_url, headers=headers, timeout=self.timeout_seconds,
-                            transport=transport)
+    def client(self, token: str | None = None, transport: httpx.BaseTransport | None = None, *,
+               on_behalf_of: str | None = None) -> httpx.Client:
+        """A client for the API with ``token`` (the settings' own token when None), acting for the person
+        ``on_behalf_of`` names when given (the token must be one the control plane lets act for people)."""
+        return httpx.Client(base_url=self.api_url, headers=auth_headers(token if token is not None else self.token,
+                                                                         on_behalf_of),
+                            timeout=self.timeout_seconds, transport=transport)
+
+
+def auth_headers(token: str | None, on_behalf_of: str | None = None) -> dict[str, str]:
+    """The headers of a request with ``token``, for the person ``on_behalf_of`` when given."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if on_behalf_of is not None:
+        headers[ON_BEHALF_OF_HEADER] = on_behalf_of
+    return headers
 
 
 @dataclass(frozen=True)

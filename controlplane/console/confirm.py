@@ -1,7 +1,7 @@
 """Buttons that act on the fleet, safely: preview, confirm, then the control plane's answer (Streamlit).
 
 A click never acts at once. It shows what the guardrails would decide and the blast radius (the API's dry run),
-or, for a write with no dry run, what it does; only "Confirm" sends it, with the signed-in person's token. A
+or, for a write with no dry run, what it does; only "Confirm" sends it, as the signed-in person. A
 refusal shows the control plane's own reason. A viewer, or a visitor reading with the console's token, sees no
 button at all.
 """

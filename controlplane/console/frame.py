@@ -28,11 +28,13 @@ class Console:
     identity: Identity
 
     def reader(self) -> reads.Reader:
-        return reads.reader_for(self.settings.api_url, self.identity.token, self.settings.timeout_seconds)
+        return reads.reader_for(self.settings.api_url, self.identity.token, self.settings.timeout_seconds,
+                                self.identity.on_behalf_of)
 
     def client(self) -> httpx.Client:
-        """A client carrying the signed-in person's token: what it writes is recorded under their name."""
-        return self.settings.client(self.identity.token or "")
+        """A client carrying the signed-in person's token, or the service token and the header naming the
+        proxy-named person it acts for: either way, what it writes is recorded under the person's name."""
+        return self.settings.client(self.identity.token or "", on_behalf_of=self.identity.on_behalf_of)
 
 
 def current() -> Console:

@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
                              f"reads with {ENV_SERVICE_TOKEN} if set)")
     parser.add_argument("--user-header", default=None,
                         help=f"behind a trusted proxy: the request header naming the person ({ENV_USER_HEADER}); "
-                             f"they read with {ENV_SERVICE_TOKEN} and sign in with their own token to act")
+                             f"they act as themselves through {ENV_SERVICE_TOKEN} when the control plane lets it act "
+                             "on behalf of people (on_behalf_of), else they read with it and sign in to act")
     parser.add_argument("--refresh", type=float, default=5.0, help="seconds between refreshes (default 5)")
     return parser
 

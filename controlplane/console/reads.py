@@ -1,6 +1,7 @@
 """Reads for the pages: cached a few seconds per token, and the last good answer kept per session.
 
-``st.cache_data`` is keyed by every argument, so one person's token never serves another's page. When the
+``st.cache_data`` is keyed by every argument, so one person's token (or the person a service token acts for)
+never serves another's page. When the
 control plane is away the page keeps showing what it last read, with a banner saying so and since when, never
 a stack trace. Writes clear the cache, so the page after a click shows what the click did.
 """
@@ -14,7 +15,7 @@ from typing import Any
 import httpx
 import streamlit as st
 
-from controlplane.console.client import ApiUnavailable, TokenRefused, _get
+from controlplane.console.client import ApiUnavailable, TokenRefused, _get, auth_headers
 
 # Shorter than any refresh: a page's parts read in one run agree, and the next refresh reads anew.
 READ_TTL_SECONDS = 2.0
@@ -24,9 +25,9 @@ Params = tuple[tuple[str, Any], ...]
 
 
 @st.cache_data(ttl=READ_TTL_SECONDS, show_spinner=False, max_entries=512)
-def _cached_get(api_url: str, token: str | None, timeout: float, path: str, params: Params) -> tuple[datetime, Any]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    with httpx.Client(base_url=api_url, headers=headers, timeout=timeout) as client:
+def _cached_get(api_url: str, token: str | None, timeout: float, path: str, params: Params,
+                on_behalf_of: str | None = None) -> tuple[datetime, Any]:
+    with httpx.Client(base_url=api_url, headers=auth_headers(token, on_behalf_of), timeout=timeout) as client:
         return datetime.now(UTC), _get(client, path, dict(params))
 
 
@@ -39,8 +40,9 @@ class Reader:
     """GETs for one page run; remembers the oldest data it used and why it used old data."""
 
     def __init__(self, api_url: str, token: str | None, timeout: float,
-                 last_good: MutableMapping[str, Any] | None = None) -> None:
+                 last_good: MutableMapping[str, Any] | None = None, on_behalf_of: str | None = None) -> None:
         self._api_url, self._token, self._timeout = api_url, token, timeout
+        self._on_behalf_of = on_behalf_of
         self._last_good: MutableMapping[str, Any] = {} if last_good is None else last_good
         self.problem: str | None = None
         self.oldest: datetime | None = None
@@ -50,7 +52,7 @@ class Reader:
         query: Params = tuple(sorted((k, v) for k, v in params.items() if v is not None))
         key = f"{path}?{query!r}"
         try:
-            at, data = _cached_get(self._api_url, self._token, self._timeout, path, query)
+            at, data = _cached_get(self._api_url, self._token, self._timeout, path, query, self._on_behalf_of)
         except TokenRefused:
             raise
         except ApiUnavailable as exc:
@@ -67,7 +69,7 @@ class Reader:
         return data
 
 
-def reader_for(api_url: str, token: str | None, timeout: float) -> Reader:
+def reader_for(api_url: str, token: str | None, timeout: float, on_behalf_of: str | None = None) -> Reader:
     """A Reader whose last good answers live in this browser session's state."""
     last_good = st.session_state.setdefault(LAST_GOOD_KEY, {})
-    return Reader(api_url, token, timeout, last_good)
+    return Reader(api_url, token, timeout, last_good, on_behalf_of)

@@ -1,18 +1,22 @@
 """A control plane for the console's page tests: a fleet built on a fake clock, then served by uvicorn on a
 loopback port with the same clock, so the console reads it over real HTTP as it reads a real one.
 
-Tokens: viewer "look", operator "op", admin "boss", agent "agent".
+Tokens: viewer "look", operator "op", admin "boss", agent "agent"; "svc", an operator token that may act on
+behalf of the people a trusted proxy names (the console's service token behind a proxy).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -24,7 +28,8 @@ from tests.remediation.fleet import Fleet, SimAgent, fleet, server_config
 
 # Found, never imported: importing the page script would run it outside Streamlit.
 APP_PATH = str(importlib.util.find_spec("controlplane.console.app").origin)  # type: ignore[union-attr]
-TOKENS = {"viewer_tokens": ["look"], "operator_tokens": ["op"], "admin_tokens": ["boss"], "agent_tokens": ["agent"]}
+TOKENS = {"viewer_tokens": ["look"], "operator_tokens": ["op", {"token": "svc", "on_behalf_of": True}],
+          "admin_tokens": ["boss"], "agent_tokens": ["agent"]}
 OPERATOR = {"Authorization": "Bearer op"}
 PAGES = ("views/fleet.py", "views/nodes.py", "views/replicas.py", "views/actions.py", "views/alerts.py",
          "views/policies.py")
@@ -67,6 +72,17 @@ def texts(at: AppTest) -> str:
     for kind in ("markdown", "caption", "info", "warning", "error", "success", "code", "subheader", "header"):
         parts += [str(e.value) for e in getattr(at, kind)]
     return "\n".join(parts)
+
+
+def charts(at: AppTest) -> list[tuple[dict[str, Any], list[pd.DataFrame]]]:
+    """Each Altair chart on the page, in order: its Vega-Lite spec, and its data as one frame per dataset (a
+    layered chart has one per layer)."""
+    drawn = []
+    for element in at.get("vega_lite_chart"):
+        proto: Any = element.proto
+        frames = [pa.ipc.open_stream(d.data.data).read_all().to_pandas() for d in proto.datasets]
+        drawn.append((json.loads(proto.spec), frames))
+    return drawn
 
 
 def buttons(at: AppTest) -> list[str]:
