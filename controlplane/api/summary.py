@@ -3,11 +3,13 @@
 Per model its SLO status against the loaded policies' targets (``fleet.summary``), replicas by state and
 throughput; the nodes by status; the alerts firing; whether automation runs (policies enabled, the breaker,
 the policies in dry run or waiting for approval); and the last actions with their outcome.
+
+It reads counts and a few columns, never the fleet's full rows: at thousands of replicas, building every
+``ReplicaOut`` and ``NodeOut`` to count them and take a maximum cost a second per call.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from datetime import datetime
 from typing import Annotated
 
@@ -17,11 +19,12 @@ from sqlalchemy import func, select
 
 from controlplane.api.context import Ctx, Db, require_reader
 from controlplane.fleet import queries
+from controlplane.fleet.schemas import NodeStatus
 from controlplane.fleet.summary import ModelSummary, summarise
 from controlplane.jobs import Jobs
 from controlplane.remediation import breaker
 from controlplane.remediation.breaker import BreakerOut
-from controlplane.store.models import ActionRow, AlertRow
+from controlplane.store.models import ActionRow, AlertRow, Node
 
 router = APIRouter(prefix="/v1", tags=["fleet"], dependencies=[Depends(require_reader)])
 
@@ -68,15 +71,15 @@ def fleet_summary(request: Request, ctx: Ctx, session: Db,
     jobs: Jobs = request.app.state.jobs
     jobs.policies.refresh(now)
     policies = jobs.policies.policies
-    nodes = queries.list_nodes(session=session, now=now, stale_after=ctx.stale_after)
-    by_status = Counter(n.status.value for n in nodes)
+    by_status = queries.count_nodes_by_status(session=session, now=now, stale_after=ctx.stale_after)
+    cordoned = session.scalar(select(func.count()).select_from(Node).where(Node.cordoned)) or 0
     firing = session.scalar(select(func.count()).select_from(AlertRow).where(AlertRow.state == "firing")) or 0
     rows = session.scalars(select(ActionRow).order_by(ActionRow.id.desc()).limit(actions))
     return FleetSummary(
         generated_at=now,
-        models=summarise(queries.list_replicas(session=session, now=now, stale_after=ctx.stale_after), policies),
-        nodes=NodesSummary(total=len(nodes), up=by_status.get("up", 0), stale=by_status.get("stale", 0),
-                           cordoned=sum(1 for n in nodes if n.cordoned)),
+        models=summarise(queries.replica_figures(session=session, now=now, stale_after=ctx.stale_after), policies),
+        nodes=NodesSummary(total=sum(by_status.values()), up=by_status[NodeStatus.UP],
+                           stale=by_status[NodeStatus.STALE], cordoned=int(cordoned)),
         alerts_firing=int(firing),
         automation=AutomationSummary(
             policies_enabled=ctx.config.policies_enabled, breaker=breaker.read(session=session),

@@ -11,13 +11,27 @@ import pandas as pd
 from controlplane.console import palette
 
 
-def lines(points: Sequence[dict[str, Any]], unit: str, height: int = 220) -> alt.Chart:
-    """One line per series over time (points from ``replica_view.long_series``)."""
+def lines(points: Sequence[dict[str, Any]], unit: str, height: int = 220,
+          scale: tuple[list[str], list[str]] | None = None) -> alt.Chart:
+    """One line per series over time (points from ``replica_view.long_series``); ``scale``: (domain, range)
+    from ``palette`` when a series must keep its colour from chart to chart (the quantiles)."""
     frame = pd.DataFrame(list(points), columns=["at", "series", "value"])
+    colour = (alt.Color("series:N", title=None) if scale is None
+              else alt.Color("series:N", title=None, scale=alt.Scale(domain=scale[0], range=scale[1])))
     return (alt.Chart(frame, height=height)
             .mark_line(point=len(frame) < 30)
             .encode(x=alt.X("at:T", title=None), y=alt.Y("value:Q", title=unit),
-                    color=alt.Color("series:N", title=None), tooltip=["at:T", "series:N", "value:Q"]))
+                    color=colour, tooltip=["at:T", "series:N", "value:Q"]))
+
+
+def lines_to_limit(points: Sequence[dict[str, Any]], unit: str, limit: float, label: str,
+                   height: int = 220) -> alt.LayerChart:
+    """``lines`` with a dashed rule at ``limit`` (a GPU's slowdown temperature). The layers share the y scale,
+    so the axis reaches the limit and the headroom left is what the eye reads."""
+    rule = (alt.Chart(pd.DataFrame([{"value": limit, "limit": label}]))
+            .mark_rule(color=palette.LIMIT_COLOUR, strokeDash=[6, 4], size=2)
+            .encode(y="value:Q", tooltip=["limit:N", "value:Q"]))
+    return lines(points, unit, height) + rule
 
 
 def timeline(rows: Sequence[dict[str, Any]], height: int = 120) -> alt.Chart:

@@ -20,6 +20,10 @@ STATE_COLOURS: dict[str, str] = {
     ReplicaState.UNREACHABLE.value: "#6d4c41",
 }
 UNKNOWN_COLOUR = "#bdbdbd"
+# Latency quantiles, light to dark as they reach into the tail; indigo, so no quantile reads as a state.
+QUANTILE_COLOURS: dict[str, str] = {"p50": "#9fa8da", "p95": "#5c6bc0", "p99": "#283593"}
+# A limit drawn across a chart (a GPU's slowdown temperature): the red of a FATAL replica.
+LIMIT_COLOUR = STATE_COLOURS[ReplicaState.FATAL.value]
 
 # Streamlit's markdown colour names for a status (``:green-badge[…]``), and the icon before a model's name
 # (Material icons ship with Streamlit, so they render where a browser has no emoji font).
@@ -35,6 +39,11 @@ def state_colour(state: str) -> str:
 def state_scale() -> tuple[list[str], list[str]]:
     """(domain, range) for an Altair colour scale over replica states."""
     return list(STATE_COLOURS), list(STATE_COLOURS.values())
+
+
+def quantile_scale() -> tuple[list[str], list[str]]:
+    """(domain, range) for an Altair colour scale over latency quantiles: p99 the same in every chart."""
+    return list(QUANTILE_COLOURS), list(QUANTILE_COLOURS.values())
 
 
 def badge(status: str, text: str) -> str:

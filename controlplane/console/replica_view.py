@@ -1,20 +1,57 @@
-"""The Replicas page as data: the table and its filters, one replica's timeline, stack dump and series. Pure."""
+"""The Replicas page as data: the table, its page and filters, one replica's timeline, stack dump and series. Pure.
+
+The table is paged by the control plane (``GET /v1/replicas?view=table``): a fleet of thousands is megabytes to
+read whole, and a person reads a page of it. The filters, the order and the page are the request's; the answer
+says how many match, and which models, nodes and states the fleet has to filter by.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from controlplane.console.shaping import MIB, Json, _ms, _parse_time, _pct, age_text
+from controlplane.console.shaping import (
+    MIB,
+    TROUBLED_STATES,
+    WEDGED_STATE,
+    Json,
+    _ms,
+    _parse_time,
+    _pct,
+    age_text,
+    attention,
+)
 
 # States an engine process runs in: their time since state_since is the replica's uptime.
 RUNNING = frozenset({"READY", "WARMING", "WEDGED", "DRAINING", "ATTACHED"})
-# (sample field, series name, unit divisor) per chart: latency quantiles the samples keep, in ms.
-LATENCY = (("ttft_p99_seconds", "TTFT p99"), ("itl_p99_seconds", "ITL p99"), ("e2e_p99_seconds", "e2e p99"))
+# (sample field, series name) per chart. Latency: one line per quantile the agent reads over its window, named
+# alike in every latency chart so the palette gives p99 one colour; the engine's end-to-end latency is p99 only.
+TTFT = (("ttft_p50_seconds", "p50"), ("ttft_p95_seconds", "p95"), ("ttft_p99_seconds", "p99"))
+ITL = (("itl_p50_seconds", "p50"), ("itl_p95_seconds", "p95"), ("itl_p99_seconds", "p99"))
+E2E = (("e2e_p99_seconds", "p99"),)
+TOKENS = (("generation_tokens_per_second", "tokens/s"),)
 QUEUE = (("requests_running", "running"), ("requests_waiting", "waiting"))
 MEMORY = (("rss_bytes", "RSS"), ("gpu_memory_bytes", "GPU memory"))
 WINDOWS = {"15 min": 900, "1 h": 3600, "6 h": 6 * 3600, "24 h": 24 * 3600}
+# The most points one chart reads (one request each). At the defaults a 24 h window holds about 2,100 (an hour
+# of 5 s reports, then one-minute averages); the endpoint answers the newest.
+CHART_POINTS = 2000
+_IDLE = "the engine was not serving, or the agent could not read its metrics"
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart of the replica page: its caption, its points, and the line said in its place when it has none."""
+
+    title: str
+    points: list[dict[str, Any]]
+    unit: str
+    empty: str
+    quantiles: bool = False  # coloured by the palette's quantile scale
+    limit: float | None = None  # drawn as a dashed rule across the chart
+    limit_label: str = ""
 
 
 def key(r: Json) -> str:
@@ -45,14 +82,68 @@ def table_rows(replicas: Sequence[Json]) -> list[dict[str, Any]]:
     return rows
 
 
-def filter_rows(rows: Sequence[dict[str, Any]], *, models: Sequence[str] = (), nodes: Sequence[str] = (),
-                states: Sequence[str] = (), text: str = "") -> list[dict[str, Any]]:
-    """Rows matching every filter given (empty means any); ``text`` looks in the name and the flags."""
-    needle = text.strip().lower()
-    return [r for r in rows
-            if (not models or r["model"] in models) and (not nodes or r["node"] in nodes)
-            and (not states or r["state"].split(" ")[0] in states)
-            and (not needle or needle in r["replica"].lower() or needle in r["engine flags"].lower())]
+# Rows per page of the table, and its orders: the label shown, and the API's sort (the first is the default).
+PAGE_ROWS = 200
+SORTS = {
+    "node, name": "node",
+    "model": "model",
+    "state": "state",
+    "TTFT p99, slowest first": "-ttft_p99_seconds",
+    "ITL p99, slowest first": "-itl_p99_seconds",
+    "queue, longest first": "-requests_waiting",
+    "KV cache, fullest first": "-kv_cache_usage_ratio",
+    "RSS, largest first": "-rss_bytes",
+    "restarts, most first": "-restarts_total",
+    "longest in its state": "state_since",
+}
+# The states whose replicas the page names above the table wherever they are in the fleet, at most this many.
+ATTENTION_STATES = tuple(sorted(TROUBLED_STATES | {WEDGED_STATE}))
+ATTENTION_ROWS = 20
+
+
+def table_query(*, models: Sequence[str] = (), nodes: Sequence[str] = (), states: Sequence[str] = (),
+                text: str = "", sort: str = "", page: int = 1) -> dict[str, Any]:
+    """The ``GET /v1/replicas`` parameters of one page of the table: each filter with several values a tuple (one
+    repeated parameter), None when not set; ``sort`` a label of ``SORTS`` (an unknown one: the default)."""
+    return {"view": "table", "model": tuple(models) or None, "node": tuple(nodes) or None,
+            "state": tuple(states) or None, "q": text.strip() or None, "sort": SORTS.get(sort, "node"),
+            "offset": (max(page, 1) - 1) * PAGE_ROWS, "limit": PAGE_ROWS}
+
+
+def pages(total: int) -> int:
+    return max(1, -(-total // PAGE_ROWS))
+
+
+def showing(table: Json) -> str:
+    """"showing N of M": the rows of this page among the replicas that match, the fleet's count when a filter
+    leaves some out, and which rows these are when there is more than one page."""
+    rows, total, offset = len(table.get("replicas") or ()), int(table.get("total") or 0), int(table.get("offset") or 0)
+    fleet = sum(((table.get("facets") or {}).get("state") or {}).values())
+    line = (f"showing {rows} of {total} replicas" if total >= fleet
+            else f"showing {rows} of {total} matching replicas ({fleet} in all)")
+    if rows and rows < total:
+        line += f" · rows {offset + 1} to {offset + rows}, page {offset // PAGE_ROWS + 1} of {pages(total)}"
+    return line
+
+
+def options(facet: Mapping[str, int], chosen: Sequence[str]) -> list[str]:
+    """A filter's choices: every value the fleet has, and any still chosen that it no longer has."""
+    return sorted(set(facet) | set(chosen))
+
+
+def attention_lines(trouble: Json | None, shown: Sequence[Json]) -> list[str]:
+    """The warnings above the table: every replica in an ``ATTENTION_STATES`` state anywhere in the fleet
+    (``trouble``: the table read of those states), then any shown whose engine stalls; a count past the first
+    ``ATTENTION_ROWS``."""
+    named: dict[str, Json] = {}
+    for r in [*((trouble or {}).get("replicas") or ()), *shown]:
+        named.setdefault(key(r), r)
+    lines = attention([], list(named.values()), [])
+    more = int((trouble or {}).get("total") or 0) - len((trouble or {}).get("replicas") or ())
+    if more > 0:
+        states = f"{', '.join(ATTENTION_STATES[:-1])} or {ATTENTION_STATES[-1]}"
+        lines.append(f"and {more} more replicas {states}: filter by state to see them all")
+    return lines
 
 
 def timeline_rows(events: Sequence[Json]) -> list[dict[str, Any]]:
@@ -87,3 +178,33 @@ def long_series(samples: Sequence[Json], fields: Sequence[tuple[str, str]], scal
             if value is not None:
                 points.append({"at": at, "series": name, "value": round(float(value) * scale, 3)})
     return points
+
+
+def replica_charts(samples: Sequence[Json]) -> list[Chart]:
+    """The replica's series charts, latency first. A reading the window never had is said, not drawn empty: an
+    engine that is not serving sends no latency, and an agent older than the p50/p95 draws only the p99 line."""
+    return [
+        Chart("Time to first token p50 / p95 / p99 (ms)", long_series(samples, TTFT, 1000), "ms",
+              f"No time to first token in this window: {_IDLE}.", quantiles=True),
+        Chart("Inter-token latency p50 / p95 / p99 (ms)", long_series(samples, ITL, 1000), "ms",
+              f"No inter-token latency in this window: {_IDLE}.", quantiles=True),
+        Chart("End-to-end request latency p99 (ms)", long_series(samples, E2E, 1000), "ms",
+              f"No end-to-end latency in this window: {_IDLE}.", quantiles=True),
+        Chart("Tokens generated per second", long_series(samples, TOKENS), "tokens/s",
+              f"No token rate in this window: {_IDLE}."),
+        Chart("Queue (requests)", long_series(samples, QUEUE), "requests", f"No queue in this window: {_IDLE}."),
+        Chart("Memory (MiB): the process tree's RSS, and its GPU memory", long_series(samples, MEMORY, 1 / MIB),
+              "MiB", "No memory reading in this window: the agent could not read the engine's processes."),
+    ]
+
+
+def temperature_chart(index: int, samples: Sequence[Json], gpu: Json | None) -> Chart:
+    """One GPU's temperature over the window against its own slowdown threshold (NVML's, from its latest
+    reading, ``gpu``): 84 °C is headroom on one board and throttling on another."""
+    slowdown = None if gpu is None else gpu.get("slowdown_temperature_celsius")
+    points = long_series(samples, (("temperature_celsius", f"GPU {index}"),))
+    empty = f"No temperature recorded for GPU {index} in this window."
+    if slowdown is None:
+        return Chart(f"GPU {index} temperature (°C); the GPU reports no slowdown threshold", points, "°C", empty)
+    return Chart(f"GPU {index} temperature (°C); dashed: it slows down at {slowdown:g} °C", points, "°C", empty,
+                 limit=float(slowdown), limit_label=f"slowdown {slowdown:g} °C")

@@ -26,9 +26,14 @@ from controlplane.fleet.sequencing import Verdict, classify
 from controlplane.policy.engine_args import MAX_NUM_SEQS, flags_key, get_int_flag
 from controlplane.store.models import DesiredReplica, Gpu, Node, Replica, ReplicaEventRow, Sample, UtcDateTime
 
-# The numeric fields kept as time series; everything else is only kept as the latest reading.
+# The numeric fields kept as time series; everything else is only kept as the latest reading. The p50 and p95
+# are for the console's charts (a p99 alone cannot tell a slow tail from a slow median); the policies read p99.
 REPLICA_SERIES = (
+    ("engine", "ttft_p50_seconds"),
+    ("engine", "ttft_p95_seconds"),
     ("engine", "ttft_p99_seconds"),
+    ("engine", "itl_p50_seconds"),
+    ("engine", "itl_p95_seconds"),
     ("engine", "itl_p99_seconds"),
     ("engine", "e2e_p99_seconds"),
     ("engine", "requests_running"),

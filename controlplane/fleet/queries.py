@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, Row, func, select
 from sqlalchemy.orm import Session
 
 from agent.wire import EngineSample, ProcessSample, salvage
 from controlplane.fleet.schemas import EventOut, GpuOut, NodeDetail, NodeOut, NodeStatus, ReplicaOut, SampleOut
+from controlplane.fleet.summary import FIGURES, ReplicaFigures
 from controlplane.store.models import Gpu, Node, Replica, ReplicaEventRow, Sample
 
 
@@ -46,8 +50,16 @@ def list_nodes(*, session: Session, now: datetime, stale_after: timedelta) -> li
                       replicas=replicas.get(n.name, 0)) for n in nodes]
 
 
-def _gpu_out(gpu: Gpu, status: NodeStatus) -> GpuOut:
-    readings = {k: v for k, v in gpu.readings.items() if k in GpuOut.model_fields}
+# Read once: ``GpuOut.model_fields`` is a class property, a descriptor call on every read (15 per GPU here).
+_GPU_FIELDS = frozenset(GpuOut.model_fields)
+
+
+# A GPU's columns, not its ORM instance: at thousands of GPUs the instances cost more than the readings' JSON.
+_GPU_COLUMNS = (Gpu.node, Gpu.index, Gpu.uuid, Gpu.name, Gpu.updated_at, Gpu.readings)
+
+
+def _gpu_out(gpu: Row[str, int, str, str, datetime, dict[str, Any]], status: NodeStatus) -> GpuOut:
+    readings = {k: v for k, v in gpu.readings.items() if k in _GPU_FIELDS}
     readings.update(node=gpu.node, node_status=status, index=gpu.index, uuid=gpu.uuid, name=gpu.name,
                     updated_at=gpu.updated_at)
     return GpuOut.model_validate(readings)
@@ -68,25 +80,61 @@ def _replica_out(r: Replica, status: NodeStatus) -> ReplicaOut:
 
 def list_gpus(*, session: Session, now: datetime, stale_after: timedelta, node: str | None = None) -> list[GpuOut]:
     statuses = _statuses(session, now=now, stale_after=stale_after)
-    query = select(Gpu).order_by(Gpu.node, Gpu.index)
+    query = select(*_GPU_COLUMNS).order_by(Gpu.node, Gpu.index)
     if node is not None:
         query = query.where(Gpu.node == node)
-    return [_gpu_out(g, statuses.get(g.node, NodeStatus.STALE)) for g in session.scalars(query)]
+    return [_gpu_out(g, statuses.get(g.node, NodeStatus.STALE)) for g in session.execute(query)]
+
+
+Match = str | Sequence[str] | None
+
+
+def replica_filters(*, node: Match = None, model: Match = None, state: Match = None) -> list[ColumnElement[bool]]:
+    """The WHERE clauses of a replica read: each filter given (one value or several) matches any of its values;
+    states are the agent's upper-case names, matched whatever the case asked."""
+    clauses = []
+    for column, match in ((Replica.node, node), (Replica.model, model), (Replica.state, state)):
+        values = [match] if isinstance(match, str) else list(match or ())
+        if column is Replica.state:
+            values = [v.upper() for v in values]
+        if values:
+            clauses.append(column == values[0] if len(values) == 1 else column.in_(values))
+    return clauses
 
 
 def list_replicas(
     *, session: Session, now: datetime, stale_after: timedelta,
-    node: str | None = None, model: str | None = None, state: str | None = None,
+    node: Match = None, model: Match = None, state: Match = None,
 ) -> list[ReplicaOut]:
     statuses = _statuses(session, now=now, stale_after=stale_after)
-    query = select(Replica).order_by(Replica.node, Replica.name)
-    if node is not None:
-        query = query.where(Replica.node == node)
-    if model is not None:
-        query = query.where(Replica.model == model)
-    if state is not None:
-        query = query.where(Replica.state == state.upper())
+    query = (select(Replica).where(*replica_filters(node=node, model=model, state=state))
+             .order_by(Replica.node, Replica.name))
     return [_replica_out(r, statuses.get(r.node, NodeStatus.STALE)) for r in session.scalars(query)]
+
+
+def reading(sample: Mapping[str, Any], field: str) -> float | None:
+    """``sample[field]`` as ``EngineSample``/``ProcessSample`` would keep it (a finite number, never negative; the
+    wire's bound for every reading), else None: a reading stored before the wire bounded it is unknown, as
+    ``salvage`` makes it, without validating the whole sample."""
+    value = sample.get(field)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+def replica_figures(*, session: Session, now: datetime, stale_after: timedelta) -> list[ReplicaFigures]:
+    """Every replica's figures for the summary: five columns and one JSON column read, not the whole row (the
+    log tail, flags and process sample would be decoded and validated for nothing)."""
+    statuses = _statuses(session, now=now, stale_after=stale_after)
+    rows = session.execute(select(Replica.node, Replica.model, Replica.state, Replica.ready, Replica.engine))
+    out = []
+    for node, model, state, ready, engine in rows:
+        status = statuses.get(node, NodeStatus.STALE)
+        if not isinstance(engine, Mapping):
+            out.append(ReplicaFigures(model, state, ready, status, has_engine=False))
+            continue
+        out.append(ReplicaFigures(model, state, ready, status, True, *(reading(engine, f) for f in FIGURES)))
+    return out
 
 
 def get_replica(*, session: Session, now: datetime, stale_after: timedelta, node: str, name: str) -> ReplicaOut | None:
@@ -123,18 +171,36 @@ def list_events(
             for e in session.scalars(query)]
 
 
-def replica_samples(
-    *, session: Session, node: str, name: str, since: datetime | None, limit: int,
+def _samples(
+    *, session: Session, node: str, kind: str, subject: str, since: datetime | None, limit: int,
 ) -> list[SampleOut]:
-    """A replica's time series, oldest first (the newest ``limit`` points when there are more)."""
+    """One subject's time series, oldest first (the newest ``limit`` points when there are more): one range
+    scan of ``ix_samples_subject_at``."""
     query = (select(Sample)
-             .where(Sample.node == node, Sample.subject_kind == "replica", Sample.subject == name)
+             .where(Sample.node == node, Sample.subject_kind == kind, Sample.subject == subject)
              .order_by(Sample.at.desc()).limit(limit))
     if since is not None:
         query = query.where(Sample.at >= since)
     rows = list(session.scalars(query))
     rows.reverse()
     return [SampleOut(at=s.at, resolution_seconds=s.resolution_seconds, values=dict(s.values)) for s in rows]
+
+
+def replica_samples(
+    *, session: Session, node: str, name: str, since: datetime | None, limit: int,
+) -> list[SampleOut]:
+    """A replica's time series, oldest first (the newest ``limit`` points when there are more)."""
+    return _samples(session=session, node=node, kind="replica", subject=name, since=since, limit=limit)
+
+
+def gpu_samples(
+    *, session: Session, node: str, index: int, since: datetime | None, limit: int,
+) -> list[SampleOut] | None:
+    """A GPU's time series as ``replica_samples`` gives a replica's; None when no node has that name. A known
+    node's GPU that reported nothing (or no longer reports: its samples outlive its row) is an empty list."""
+    if session.get(Node, node) is None:
+        return None
+    return _samples(session=session, node=node, kind="gpu", subject=str(index), since=since, limit=limit)
 
 
 def count_nodes_by_status(*, session: Session, now: datetime, stale_after: timedelta) -> dict[NodeStatus, int]:

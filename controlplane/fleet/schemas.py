@@ -79,6 +79,60 @@ class ReplicaOut(BaseModel):
     updated_at: datetime
 
 
+class EngineColumns(BaseModel):
+    """The engine readings a replicas table shows, named as in ``EngineSample`` (None: unknown)."""
+
+    ttft_p99_seconds: float | None = None
+    itl_p99_seconds: float | None = None
+    requests_waiting: float | None = None
+    kv_cache_usage_ratio: float | None = None
+    stalled: bool | None = None
+
+
+class ProcessColumns(BaseModel):
+    rss_bytes: int | None = None
+
+
+class ReplicaRow(BaseModel):
+    """One replica as a table row (``GET /v1/replicas?view=table``): ``ReplicaOut`` less its log tail, URL,
+    canary and all but the table's readings, in the same names and nesting, so code that reads a ``ReplicaOut``
+    reads a row alike."""
+
+    node: str
+    node_status: NodeStatus
+    name: str
+    model: str
+    state: str
+    ready: bool
+    generation: int
+    gpus: list[int]
+    engine_args: list[str]
+    restarts_total: int
+    state_since: datetime
+    updated_at: datetime
+    engine: EngineColumns | None
+    process: ProcessColumns | None
+
+
+class ReplicaFacets(BaseModel):
+    """Replicas per model, node and state in the whole fleet, whatever the filters: the values a filter can pick."""
+
+    model: dict[str, int]
+    node: dict[str, int]
+    state: dict[str, int]
+
+
+class ReplicaTable(BaseModel):
+    """One page of the replicas that match the filters, in the order asked, and how many match in all."""
+
+    total: int
+    offset: int
+    limit: int
+    sort: str
+    replicas: list[ReplicaRow]
+    facets: ReplicaFacets
+
+
 class NodeDetail(NodeOut):
     gpus: list[GpuOut]
     replicas: list[ReplicaOut]

@@ -1,6 +1,7 @@
 """The fleet at a glance, per model: SLO status against the policies' targets, replicas by state, throughput.
 
-Pure. ``summarise`` takes the latest replica rows (as ``ReplicaOut``) and the loaded policies and returns what
+Pure. ``summarise`` takes the figures it reads of each replica (``ReplicaFigures``: a few scalars, not the whole
+``ReplicaOut``, so a fleet of thousands is summed in milliseconds) and the loaded policies and returns what
 the console's Fleet page and ``pitstop status`` show first. The SLO targets are the thresholds of the policies
 that watch them (``ttft-slo``, ``itl-slo``, ``error-rate`` as shipped, or whatever policies an operator loaded
 on the same signals), so the colour on the page and the policy that acts agree. A model's latency is its
@@ -18,11 +19,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel
 
-from controlplane.fleet.schemas import NodeStatus, ReplicaOut
+from controlplane.fleet.schemas import NodeStatus
 from controlplane.policy.conditions import ErrorRateCondition, ThresholdCondition
 from controlplane.policy.policy import Policy
 
@@ -32,6 +33,27 @@ AMBER_SHARE = 0.8
 _RANK: dict[Status, int] = {"unknown": 0, "green": 1, "amber": 2, "red": 3}
 # (objective, the replica signal it reads) for the latency SLOs.
 LATENCY_OBJECTIVES = (("ttft_p99", "ttft_p99_seconds"), ("itl_p99", "itl_p99_seconds"))
+
+
+class ReplicaFigures(NamedTuple):
+    """What the summary reads of one replica. Its engine readings are kept as ``salvage`` keeps them for
+    ``GET /v1/replicas``: None when unknown, or out of the wire's bounds (negative, infinite)."""
+
+    model: str
+    state: str
+    ready: bool
+    node_status: NodeStatus
+    has_engine: bool  # the agent sent an engine sample at all (a replica still starting has none)
+    ttft_p99_seconds: float | None = None
+    itl_p99_seconds: float | None = None
+    requests_per_second: float | None = None
+    errors_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+
+
+# The engine readings ``ReplicaFigures`` carries, by their ``EngineSample`` names.
+FIGURES = ("ttft_p99_seconds", "itl_p99_seconds", "requests_per_second", "errors_per_second",
+           "generation_tokens_per_second")
 
 
 class Objective(BaseModel):
@@ -98,22 +120,22 @@ def _sum(values: Sequence[float | None]) -> float | None:
     return sum(known) if known else None
 
 
-def serving(r: ReplicaOut) -> bool:
+def serving(r: ReplicaFigures) -> bool:
     """READY as its agent last said, and that agent is still reporting (a stale node's word is old news)."""
     return r.ready and r.state == "READY" and r.node_status == NodeStatus.UP
 
 
-def summarise_model(model: str, replicas: Sequence[ReplicaOut], policies: Sequence[Policy]) -> ModelSummary:
-    up = [r for r in replicas if serving(r) and r.engine is not None]
+def summarise_model(model: str, replicas: Sequence[ReplicaFigures], policies: Sequence[Policy]) -> ModelSummary:
+    up = [r for r in replicas if serving(r) and r.has_engine]
     objectives = []
     for name, signal in LATENCY_OBJECTIVES:
-        readings = [v for r in up if (v := getattr(r.engine, signal)) is not None]
+        readings = [v for r in up if (v := getattr(r, signal)) is not None]
         target, policy = latency_target(policies, model, signal)
         value = max(readings) if readings else None
         objectives.append(Objective(name=name, value=value, target=target, policy=policy,
                                     status=status_of(value, target)))
-    requests = _sum([r.engine.requests_per_second for r in up if r.engine is not None])
-    errors = _sum([r.engine.errors_per_second for r in up if r.engine is not None])
+    requests = _sum([r.requests_per_second for r in up])
+    errors = _sum([r.errors_per_second for r in up])
     ratio = errors / requests if errors is not None and requests else None
     target, policy = error_target(policies, model)
     objectives.append(Objective(name="error_ratio", value=ratio, target=target, policy=policy,
@@ -123,13 +145,13 @@ def summarise_model(model: str, replicas: Sequence[ReplicaOut], policies: Sequen
     return ModelSummary(
         model=model, replicas=len(replicas), ready=ready,
         by_state=dict(sorted(Counter(r.state for r in replicas).items())),
-        tokens_per_second=_sum([r.engine.generation_tokens_per_second for r in up if r.engine is not None]),
+        tokens_per_second=_sum([r.generation_tokens_per_second for r in up]),
         requests_per_second=requests, objectives=objectives, capacity=capacity,
         status=worst([o.status for o in objectives] + [capacity]))
 
 
-def summarise(replicas: Sequence[ReplicaOut], policies: Sequence[Policy]) -> list[ModelSummary]:
-    by_model: dict[str, list[ReplicaOut]] = {}
+def summarise(replicas: Sequence[ReplicaFigures], policies: Sequence[Policy]) -> list[ModelSummary]:
+    by_model: dict[str, list[ReplicaFigures]] = {}
     for r in replicas:
         by_model.setdefault(r.model, []).append(r)
     return [summarise_model(m, rs, policies) for m, rs in sorted(by_model.items())]

@@ -15,7 +15,10 @@ def empty() -> tuple[list[SimAgent], Build | None]:
 
 
 def healthy() -> tuple[list[SimAgent], Build]:
-    agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
+    """Two READY replicas whose agent reads every latency quantile; the trouble fleet's, like an older agent, only
+    the p99."""
+    quantiles = {"ttft_p50": 0.06, "ttft_p95": 0.1, "itl_p50": 0.012, "itl_p95": 0.017}
+    agent = SimAgent("gpu-a", [SimReplica("r0", **quantiles), SimReplica("r1", **quantiles)])
     return [agent], lambda f: f.run(30)
 
 

@@ -10,7 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.console.fleets import FLEETS
-from tests.console.served import PAGES, buttons, open_console, serve, texts
+from tests.console.served import PAGES, buttons, charts, open_console, serve, texts
 
 
 @pytest.fixture(scope="module", params=sorted(FLEETS))
@@ -78,16 +78,43 @@ def test_replicas_page(fleet_url: tuple[str, str], monkeypatch: pytest.MonkeyPat
     table = _table(at, "engine flags")
     expected = {"healthy": ["READY", "READY"], "trouble": ["WEDGED", "READY", "READY"]}[kind]
     assert list(table["state"]) == expected and set(table["engine flags"]) == {"--max-num-seqs 64"}
+    assert f"showing {len(expected)} of {len(expected)} replicas" in texts(at)
+    # Named from the fleet's own read of the troubled states, whatever page is shown.
+    assert [w.value for w in at.warning] == {"healthy": [], "trouble": [
+        "replica gpu-a/r0 is WEDGED: out of rotation, canaries fail and no token moves"]}[kind]
     # Since its state_since, an hour before the fleet's clock started, as of its last report.
     assert table["uptime"].iloc[0] == {"healthy": "55m 30s", "trouble": "57m 0s"}[kind]
     assert at.selectbox(key="chart_replica").value == "gpu-a/r0"
     assert "INFO engine started" in texts(at)  # the log tail
-    charts = len(at.get("vega_lite_chart"))
-    assert charts == (5 if kind == "trouble" else 4)  # latency, tokens/s, queue, memory; the timeline in trouble
+    drawn = charts(at)
+    # TTFT and ITL quantiles, tokens/s, queue, memory, GPU 0's temperature; the timeline in trouble. The simulated
+    # engine reads no end-to-end latency, and the page says so in that chart's place.
+    assert len(drawn) == (7 if kind == "trouble" else 6)
+    assert "No end-to-end latency in this window" in texts(at)
+    quantiles = {"healthy": {"p50", "p95", "p99"}, "trouble": {"p99"}}[kind]  # the trouble fleet sends only p99
+    for (spec, [points]), p99 in zip(drawn[:2], (120.0, 20.0), strict=True):
+        assert spec["encoding"]["color"]["scale"]["domain"] == ["p50", "p95", "p99"]  # one colour per quantile
+        assert set(points["series"]) == quantiles and set(points[points["series"] == "p99"]["value"]) == {p99}
+    # GPU 0 against its own slowdown threshold, drawn as a rule: trouble's ran past it.
+    spec, layers = drawn[5]
+    line = next(f for f in layers if "series" in f.columns)
+    assert "layer" in spec and [f["value"].tolist() for f in layers if "limit" in f.columns] == [[89.0]]
+    assert set(line["series"]) == {"GPU 0"} and line["value"].max() == (90.0 if kind == "trouble" else 60.0)
+    assert "GPU 0 temperature (°C); dashed: it slows down at 89 °C" in texts(at)
     if kind == "trouble":
         assert "2 canaries failed and no token moved" in list(_table(at, "message")["message"])
+        at.selectbox(key="table_sort").select("TTFT p99, slowest first").run()
+        # r1 at 2 s, far over its target, first; r0 reads no TTFT (its engine sends nothing), so last.
+        assert list(_table(at, "engine flags")["replica"]) == ["gpu-a/r1", "gpu-a/r2", "gpu-a/r0"]
+        # The filters are the control plane's: the page reads only what matches, and says so.
+        assert at.multiselect(key="filter_state").options == ["READY", "WEDGED"]
         at.multiselect(key="filter_state").select("WEDGED").run()
         assert list(_table(at, "engine flags")["replica"]) == ["gpu-a/r0"]
+        assert "showing 1 of 1 matching replicas (3 in all)" in texts(at)
+        at.text_input(key="filter_text").input("nothing-like-it").run()
+        assert "No replica matches these filters." in texts(at)
+        assert "chart_replica" not in [box.key for box in at.selectbox]  # no replica to show
+        at.text_input(key="filter_text").input("").run()
     assert buttons(at) == ["Restart", "Drain"]
 
 

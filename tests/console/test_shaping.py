@@ -73,9 +73,14 @@ def test_filters_and_silence_matchers() -> None:
     rows = replica_view.table_rows([
         {"node": "a", "name": "r0", "model": "m", "state": "READY", "engine_args": ["--max-num-seqs", "8"]},
         {"node": "b", "name": "r1", "model": "m", "state": "FATAL", "node_status": "stale", "engine_args": []}])
-    assert [r["replica"] for r in replica_view.filter_rows(rows, states=["FATAL"])] == ["b/r1"]
-    assert [r["replica"] for r in replica_view.filter_rows(rows, text="num-seqs")] == ["a/r0"]
-    assert rows[1]["state"] == "FATAL (stale)"
+    assert rows[1]["state"] == "FATAL (stale)" and rows[0]["engine flags"] == "--max-num-seqs 8"
+    # The filters are the control plane's: one page's request, each multi-choice filter one repeated parameter.
+    assert replica_view.table_query(states=["FATAL"], text=" num-seqs ", sort="TTFT p99, slowest first", page=3) == {
+        "view": "table", "model": None, "node": None, "state": ("FATAL",), "q": "num-seqs",
+        "sort": "-ttft_p99_seconds", "offset": 400, "limit": 200}
+    assert replica_view.table_query(sort="gone", page=0)["sort"] == "node"
+    assert replica_view.table_query(page=0)["offset"] == 0
+    assert replica_view.options({"m1": 3, "m0": 1}, ["old"]) == ["m0", "m1", "old"]  # a choice the fleet lost
     alert = {"labels": {"alertname": "pitstop-stall", "target": "replica:a/r0", "node": "a", "replica": "r0",
                         "severity": "page"}}
     assert alerts.matchers_for(alert) == ['alertname="pitstop-stall"', 'target="replica:a/r0"', 'node="a"',
@@ -83,7 +88,51 @@ def test_filters_and_silence_matchers() -> None:
     assert alerts.parse_matcher_lines(' a="1"\n\n b="2" ') == ['a="1"', 'b="2"']
 
 
+def test_the_table_says_which_rows_of_how_many_and_names_trouble_anywhere() -> None:
+    facets = {"state": {"READY": 7990, "WEDGED": 3, "FATAL": 7}}
+    page = {"total": 8000, "offset": 200, "replicas": [{}] * 200, "facets": facets}
+    assert replica_view.showing(page) == "showing 200 of 8000 replicas · rows 201 to 400, page 2 of 40"
+    filtered = {"total": 10, "offset": 0, "replicas": [{}] * 10, "facets": facets}
+    assert replica_view.showing(filtered) == "showing 10 of 10 matching replicas (8000 in all)"
+    assert replica_view.showing({"total": 0, "replicas": [], "facets": {"state": {}}}) == "showing 0 of 0 replicas"
+    wedged = {"node": "a", "name": "r0", "state": "WEDGED"}
+    stalled = {"node": "b", "name": "r1", "state": "READY", "engine": {"stalled": True}}
+    trouble = {"total": 30, "replicas": [wedged]}
+    # The fleet's troubled replica (once, though this page shows it too), then this page's stalled engine.
+    assert replica_view.attention_lines(trouble, [stalled, wedged]) == [
+        "replica a/r0 is WEDGED: out of rotation, canaries fail and no token moves",
+        "replica b/r1 has queued work but generates no tokens (stalled engine)",
+        "and 29 more replicas BACKOFF, FATAL, UNREACHABLE or WEDGED: filter by state to see them all"]
+    assert replica_view.attention_lines(None, []) == []
+
+
 def test_every_replica_state_has_one_colour() -> None:
     domain, colours = palette.state_scale()
     assert "READY" in domain and len(set(colours)) == len(colours)
     assert palette.state_colour("READY") == "#2e7d32" and palette.state_colour("NEW") == palette.UNKNOWN_COLOUR
+
+
+def test_latency_charts_draw_each_quantile_and_say_when_there_is_none() -> None:
+    samples = [{"at": "2026-11-29T12:00:00+00:00", "values": {"ttft_p50_seconds": 0.05, "ttft_p95_seconds": 0.09,
+                                                              "ttft_p99_seconds": 0.12, "itl_p99_seconds": 0.02}},
+               {"at": "2026-11-29T12:00:05+00:00", "values": {"ttft_p99_seconds": 0.2, "rss_bytes": 2 * 1024**3}}]
+    ttft, itl, e2e, tokens, _queue, memory = replica_view.replica_charts(samples)
+    assert [(p["series"], p["value"]) for p in ttft.points] == [("p50", 50.0), ("p95", 90.0), ("p99", 120.0),
+                                                                ("p99", 200.0)]
+    assert ttft.quantiles and itl.quantiles and {p["series"] for p in itl.points} == {"p99"}
+    assert not e2e.points and e2e.empty.startswith("No end-to-end latency in this window")
+    assert not tokens.points and [p["value"] for p in memory.points] == [2048.0]
+    # The quantiles keep their colours from chart to chart; none reads as a replica state.
+    domain, colours = palette.quantile_scale()
+    assert domain == ["p50", "p95", "p99"] and not set(colours) & set(palette.STATE_COLOURS.values())
+
+
+def test_a_gpus_temperature_is_drawn_against_its_own_slowdown() -> None:
+    samples = [{"at": "2026-11-29T12:00:00+00:00", "values": {"temperature_celsius": 84.0}}]
+    hot = replica_view.temperature_chart(1, samples, {"index": 1, "slowdown_temperature_celsius": 87.0})
+    assert hot.limit == 87.0 and hot.limit_label == "slowdown 87 °C" and "slows down at 87 °C" in hot.title
+    assert [(p["series"], p["value"]) for p in hot.points] == [("GPU 1", 84.0)]
+    unknown = replica_view.temperature_chart(1, samples, None)  # no latest reading: no threshold to draw
+    assert unknown.limit is None and "reports no slowdown threshold" in unknown.title
+    quiet = replica_view.temperature_chart(1, [{"at": "2026-11-29T12:00:00+00:00", "values": {}}], None)
+    assert not quiet.points and quiet.empty == "No temperature recorded for GPU 1 in this window."

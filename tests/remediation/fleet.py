@@ -49,6 +49,11 @@ class SimReplica:
     requests_per_second: float = 2.0
     ttft: float = 0.12
     itl: float = 0.02
+    # The median and p95 beside those p99s, when a test charts them (None: not read, as an older agent sends).
+    ttft_p50: float | None = None
+    ttft_p95: float | None = None
+    itl_p50: float | None = None
+    itl_p95: float | None = None
     preemptions_per_second: float = 0.0
     preemptions_total: float = 0.0
     rss: int = 2 * GIB
@@ -73,6 +78,8 @@ class SimReplica:
                                 generation_tokens_total=self.tokens_total,
                                 generation_tokens_per_second=0.0 if self.stalled else self.tokens_per_second,
                                 requests_per_second=self.requests_per_second, ttft_p99_seconds=self.ttft,
+                                ttft_p50_seconds=self.ttft_p50, ttft_p95_seconds=self.ttft_p95,
+                                itl_p50_seconds=self.itl_p50, itl_p95_seconds=self.itl_p95,
                                 preemptions_total=self.preemptions_total,
                                 preemptions_per_second=self.preemptions_per_second,
                                 itl_p99_seconds=self.itl) if serving else None,
@@ -85,7 +92,7 @@ class SimReplica:
 class SimAgent:
     node: str
     replicas: list[SimReplica]
-    temperature: float = 60.0
+    temperature: float | None = 60.0  # GPU 0's; None: the backend could not read it
     xid_total: int = 0
     last_xid: int | None = None
     sequence: int = 0

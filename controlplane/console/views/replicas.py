@@ -1,25 +1,51 @@
-"""Replicas: every replica in a sortable, filterable table; the one chosen with its charts, timeline and logs."""
+"""Replicas: a page of the fleet's replicas, filtered, sorted and paged by the control plane; the one chosen with
+its charts, timeline and logs.
+
+One read gives the page, how many match and the values to filter by (``view=table``); the chosen replica is
+read whole on its own. The widgets' values are read from the session before the widgets are drawn: the
+filters' choices come from the very answer they ask for.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 import pandas as pd
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
-from controlplane.console import charts, confirm, frame, replica_view, shaping
+from controlplane.console import charts, confirm, frame, palette, replica_view, shaping
 from controlplane.console.previews import Request
 from controlplane.console.reads import Reader
 from controlplane.console.shaping import Json
 
+# The filters' keys in the session, by the facet each picks from.
+FILTERS = {"model": "filter_model", "node": "filter_node", "state": "filter_state"}
+PAGE_KEY = "table_page"
 
-def _filters(rows: list[dict[str, object]]) -> list[dict[str, object]]:
-    left, mid, right, text = st.columns(4)
-    models = left.multiselect("model", sorted({str(r["model"]) for r in rows}), key="filter_model")
-    nodes = mid.multiselect("node", sorted({str(r["node"]) for r in rows}), key="filter_node")
-    states = right.multiselect("state", sorted({str(r["state"]).split(" ")[0] for r in rows}), key="filter_state")
-    needle = text.text_input("name or flag contains", key="filter_text")
-    return replica_view.filter_rows(rows, models=models, nodes=nodes, states=states, text=needle)
+
+def _query() -> dict[str, Any]:
+    """This run's page request, from the widgets' values as the session holds them."""
+    chosen = st.session_state
+    return replica_view.table_query(
+        models=chosen.get(FILTERS["model"]) or (), nodes=chosen.get(FILTERS["node"]) or (),
+        states=chosen.get(FILTERS["state"]) or (), text=chosen.get("filter_text") or "",
+        sort=chosen.get("table_sort") or "", page=int(chosen.get(PAGE_KEY) or 1))
+
+
+def _first_page() -> None:
+    """A new filter or order starts at its first page."""
+    st.session_state[PAGE_KEY] = 1
+
+
+def _filters(facets: Json) -> None:
+    *columns, text, order = st.columns(5)
+    for column, (facet, key) in zip(columns, FILTERS.items(), strict=True):
+        column.multiselect(facet, replica_view.options(facets.get(facet) or {}, st.session_state.get(key) or ()),
+                           key=key, on_change=_first_page)
+    text.text_input("name or flag contains", key="filter_text", on_change=_first_page)
+    order.selectbox("sort by", list(replica_view.SORTS), key="table_sort", on_change=_first_page)
 
 
 def _actions(console: frame.Console, r: Json) -> None:
@@ -35,32 +61,45 @@ def _actions(console: frame.Console, r: Json) -> None:
                                         previewable=True))
 
 
+def _draw(where: DeltaGenerator, chart: replica_view.Chart) -> None:
+    where.caption(chart.title)
+    if not chart.points:
+        where.caption(chart.empty)
+    elif chart.limit is not None:
+        where.altair_chart(charts.lines_to_limit(chart.points, chart.unit, chart.limit, chart.limit_label),
+                           width="stretch")
+    else:
+        scale = palette.quantile_scale() if chart.quantiles else None
+        where.altair_chart(charts.lines(chart.points, chart.unit, scale=scale), width="stretch")
+
+
 def _charts(reader: Reader, r: Json) -> None:
     window = st.segmented_control("window", list(replica_view.WINDOWS), default="1 h", key="chart_window") or "1 h"
     # The window ends at the replica's last report: a node that went quiet still shows its last hour.
-    since = datetime.fromisoformat(r["updated_at"]) - timedelta(seconds=replica_view.WINDOWS[window])
-    samples = reader.get(f"/v1/replicas/{r['node']}/{r['name']}/samples", since=since.isoformat(), limit=2000)
+    since = (datetime.fromisoformat(r["updated_at"]) - timedelta(seconds=replica_view.WINDOWS[window])).isoformat()
+    samples = reader.get(f"/v1/replicas/{r['node']}/{r['name']}/samples", since=since,
+                         limit=replica_view.CHART_POINTS)
+    shown: list[replica_view.Chart] = []
     if len(samples) < 2:
-        st.caption("Not enough samples for a chart yet.")
+        st.caption("Not enough samples of this replica for a chart yet.")
     else:
-        left, right = st.columns(2)
-        left.caption("Latency p99 (ms)")
-        left.altair_chart(charts.lines(replica_view.long_series(samples, replica_view.LATENCY, 1000), "ms"),
-                          width="stretch")
-        right.caption("Tokens generated per second")
-        right.altair_chart(charts.lines(replica_view.long_series(
-            samples, (("generation_tokens_per_second", "tokens/s"),)), "tokens/s"), width="stretch")
-        left.caption("Queue (requests)")
-        left.altair_chart(charts.lines(replica_view.long_series(samples, replica_view.QUEUE), "requests"),
-                          width="stretch")
-        right.caption("Memory (MiB): the process tree's RSS, and its GPU memory")
-        right.altair_chart(charts.lines(replica_view.long_series(samples, replica_view.MEMORY, 1 / shaping.MIB),
-                                        "MiB"), width="stretch")
-    # Only the chosen replica's node: the whole fleet's GPUs would be thousands of rows to read for two tiles.
-    for g in reader.get("/v1/gpus", node=r["node"]):
-        if g["index"] in (r.get("gpus") or []):
+        shown += replica_view.replica_charts(samples)
+    # Only the chosen replica's node (its GPUs' latest readings: the tiles and the slowdown thresholds): the
+    # whole fleet's GPUs would be thousands of rows to read for a few.
+    latest = {g["index"]: g for g in reader.get("/v1/gpus", node=r["node"])}
+    for index in r.get("gpus") or []:
+        history = reader.get(f"/v1/gpus/{r['node']}/{index}/samples", since=since, limit=replica_view.CHART_POINTS)
+        shown.append(replica_view.temperature_chart(index, history, latest.get(index)))
+    if not r.get("gpus"):
+        st.caption("This replica lists no GPU: no temperature to chart.")
+    # Two to a row, so each row's charts line up whatever the captions' lengths.
+    for start in range(0, len(shown), 2):
+        for where, chart in zip(st.columns(2), shown[start:start + 2], strict=False):
+            _draw(where, chart)
+    for index in r.get("gpus") or []:
+        if (g := latest.get(index)) is not None:
             temp, slowdown = g.get("temperature_celsius"), g.get("slowdown_temperature_celsius")
-            st.metric(f"GPU {g['index']} temperature", "-" if temp is None else f"{temp:g} °C",
+            st.metric(f"GPU {index} temperature", "-" if temp is None else f"{temp:g} °C",
                       help=None if slowdown is None else f"slows down at {slowdown:g} °C")
 
 
@@ -80,18 +119,34 @@ def _history(reader: Reader, r: Json) -> None:
 
 
 def render(console: frame.Console, reader: Reader) -> None:
-    replicas = reader.get("/v1/replicas")
-    for line in shaping.attention([], replicas, []):
-        st.warning(line)
-    rows = replica_view.table_rows(replicas)
-    if not rows:
+    table = reader.get("/v1/replicas", **_query())
+    facets: Json = table["facets"]
+    if not facets["state"]:
         st.caption("No replicas reported.")
         return
-    shown = _filters(rows)
-    frame.table(shown, "No replica matches these filters.")
-    keys = [str(row["replica"]) for row in shown] or [str(row["replica"]) for row in rows]
+    if not table["replicas"] and table["total"]:
+        # Past the last page (the fleet shrank under it): the last page instead.
+        st.session_state[PAGE_KEY] = replica_view.pages(table["total"])
+        table = reader.get("/v1/replicas", **_query())
+    # Named wherever they are in the fleet, not only on this page; read only when the fleet has any.
+    troubled = tuple(s for s in replica_view.ATTENTION_STATES if s in facets["state"])
+    trouble = (reader.get("/v1/replicas", view="table", state=troubled, limit=replica_view.ATTENTION_ROWS)
+               if troubled else None)
+    for line in replica_view.attention_lines(trouble, table["replicas"]):
+        st.warning(line)
+    _filters(facets)
+    rows = replica_view.table_rows(table["replicas"])
+    st.caption(replica_view.showing(table))
+    frame.table(rows, "No replica matches these filters.")
+    if table["total"] > replica_view.PAGE_ROWS:
+        # A fixed label (the caption says of how many): a label that changed with the fleet would reset the page.
+        st.number_input("page", min_value=1, step=1, key=PAGE_KEY)
+    if not rows:
+        return
+    keys = [str(row["replica"]) for row in rows]
     chosen = st.selectbox("replica", keys, key="chart_replica") or keys[0]
-    r = next(x for x in replicas if replica_view.key(x) == chosen)
+    picked = next(x for x in table["replicas"] if replica_view.key(x) == chosen)
+    r = reader.get(f"/v1/replicas/{picked['node']}/{picked['name']}")
     st.subheader(chosen)
     facts = shaping.replica_detail(r)
     facts.pop("log tail")
