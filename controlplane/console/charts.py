@@ -24,14 +24,25 @@ def lines(points: Sequence[dict[str, Any]], unit: str, height: int = 220,
                     color=colour, tooltip=["at:T", "series:N", "value:Q"]))
 
 
-def lines_to_limit(points: Sequence[dict[str, Any]], unit: str, limit: float, label: str,
-                   height: int = 220) -> alt.LayerChart:
-    """``lines`` with a dashed rule at ``limit`` (a GPU's slowdown temperature). The layers share the y scale,
-    so the axis reaches the limit and the headroom left is what the eye reads."""
-    rule = (alt.Chart(pd.DataFrame([{"value": limit, "limit": label}]))
-            .mark_rule(color=palette.LIMIT_COLOUR, strokeDash=[6, 4], size=2)
-            .encode(y="value:Q", tooltip=["limit:N", "value:Q"]))
-    return lines(points, unit, height) + rule
+def lines_to_limit(points: Sequence[dict[str, Any]], unit: str, limit: float | None, label: str = "",
+                   height: int = 220, projection: Sequence[dict[str, Any]] = ()) -> alt.Chart | alt.LayerChart:
+    """``lines`` with a dashed rule at ``limit`` (a GPU's slowdown temperature, a host's memory) when there is
+    one, and a fitted trend dashed on from the last point (``projection.line``: at, value) toward it. The layers
+    share the scales, so the axes reach the limit and the projection's end, and the headroom left is what the
+    eye reads."""
+    chart: alt.Chart | alt.LayerChart = lines(points, unit, height)
+    if projection:
+        trend = (alt.Chart(pd.DataFrame([{**p, "trend": "projected"} for p in projection],
+                                        columns=["at", "value", "trend"]))
+                 .mark_line(color=palette.TREND_COLOUR, strokeDash=[3, 3], size=2)
+                 .encode(x="at:T", y="value:Q", tooltip=["trend:N", "at:T", "value:Q"]))
+        chart = chart + trend
+    if limit is not None:
+        rule = (alt.Chart(pd.DataFrame([{"value": limit, "limit": label}]))
+                .mark_rule(color=palette.LIMIT_COLOUR, strokeDash=[6, 4], size=2)
+                .encode(y="value:Q", tooltip=["limit:N", "value:Q"]))
+        chart = chart + rule
+    return chart
 
 
 def timeline(rows: Sequence[dict[str, Any]], height: int = 120) -> alt.Chart:

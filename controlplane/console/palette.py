@@ -24,6 +24,8 @@ UNKNOWN_COLOUR = "#bdbdbd"
 QUANTILE_COLOURS: dict[str, str] = {"p50": "#9fa8da", "p95": "#5c6bc0", "p99": "#283593"}
 # A limit drawn across a chart (a GPU's slowdown temperature): the red of a FATAL replica.
 LIMIT_COLOUR = STATE_COLOURS[ReplicaState.FATAL.value]
+# A fitted trend projected ahead of the readings (memory toward its limit): a grey no state or quantile has.
+TREND_COLOUR = "#616161"
 
 # Streamlit's markdown colour names for a status (``:green-badge[…]``), and the icon before a model's name
 # (Material icons ship with Streamlit, so they render where a browser has no emoji font).

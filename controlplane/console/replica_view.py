@@ -8,10 +8,11 @@ says how many match, and which models, nodes and states the fleet has to filter 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from controlplane.console import projection
 from controlplane.console.shaping import (
     MIB,
     TROUBLED_STATES,
@@ -23,6 +24,7 @@ from controlplane.console.shaping import (
     age_text,
     attention,
 )
+from controlplane.policy.detectors.leak import gpus_memory_total
 
 # States an engine process runs in: their time since state_since is the replica's uptime.
 RUNNING = frozenset({"READY", "WARMING", "WEDGED", "DRAINING", "ATTACHED"})
@@ -33,7 +35,6 @@ ITL = (("itl_p50_seconds", "p50"), ("itl_p95_seconds", "p95"), ("itl_p99_seconds
 E2E = (("e2e_p99_seconds", "p99"),)
 TOKENS = (("generation_tokens_per_second", "tokens/s"),)
 QUEUE = (("requests_running", "running"), ("requests_waiting", "waiting"))
-MEMORY = (("rss_bytes", "RSS"), ("gpu_memory_bytes", "GPU memory"))
 WINDOWS = {"15 min": 900, "1 h": 3600, "6 h": 6 * 3600, "24 h": 24 * 3600}
 # The most points one chart reads (one request each). At the defaults a 24 h window holds about 2,100 (an hour
 # of 5 s reports, then one-minute averages); the endpoint answers the newest.
@@ -52,6 +53,9 @@ class Chart:
     quantiles: bool = False  # coloured by the palette's quantile scale
     limit: float | None = None  # drawn as a dashed rule across the chart
     limit_label: str = ""
+    # The fitted trend dashed on from the last point (``projection.line``), and the line said under the chart.
+    projection: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""
 
 
 def key(r: Json) -> str:
@@ -173,16 +177,37 @@ def long_series(samples: Sequence[Json], fields: Sequence[tuple[str, str]], scal
     for s in samples:
         at = _parse_time(s.get("at"))
         values: Json = s.get("values") or {}
-        for field, name in fields:
-            value = values.get(field)
+        for reading, name in fields:
+            value = values.get(reading)
             if value is not None:
                 points.append({"at": at, "series": name, "value": round(float(value) * scale, 3)})
     return points
 
 
-def replica_charts(samples: Sequence[Json]) -> list[Chart]:
+def memory_chart(samples: Sequence[Json], reading: str, series: str, limit: int | None, *, title: str,
+                 owner: str, empty: str) -> Chart:
+    """One memory series against the limit the leak detector projects it to (``limit``, None: not reported),
+    with the detector's trend dashed on from the last point and said under the chart (``projection``).
+    ``owner``: whose memory the limit is, as the titles say it ("the host's")."""
+    trend = projection.fit(samples, reading, limit)
+    points, line = long_series(samples, ((reading, series),), 1 / MIB), projection.line(trend)
+    note = projection.caption(trend, series, owner)
+    if limit is None:
+        return Chart(f"{title}; {owner} memory total is not reported", points, "MiB", empty, projection=line,
+                     note=note)
+    size = projection.gib_text(limit)
+    return Chart(f"{title}, against {owner} {size}", points, "MiB", empty, limit=limit / MIB,
+                 limit_label=f"{owner} {size}", projection=line, note=note)
+
+
+def replica_charts(samples: Sequence[Json], *, host_memory: int | None = None,
+                   gpus: Sequence[Json | None] = ()) -> list[Chart]:
     """The replica's series charts, latency first. A reading the window never had is said, not drawn empty: an
-    engine that is not serving sends no latency, and an agent older than the p50/p95 draws only the p99 line."""
+    engine that is not serving sends no latency, and an agent older than the p50/p95 draws only the p99 line.
+    ``host_memory``: its node's memory total; ``gpus``: the latest reading of each GPU it lists (None: not read),
+    whose memory together is what its GPU memory would exhaust."""
+    gpu_total = gpus_memory_total((g or {}).get("memory_total_bytes") for g in gpus)
+    gpu_owner = "the GPU's" if len(gpus) == 1 else f"its {len(gpus)} GPUs'" if gpus else "its GPUs'"
     return [
         Chart("Time to first token p50 / p95 / p99 (ms)", long_series(samples, TTFT, 1000), "ms",
               f"No time to first token in this window: {_IDLE}.", quantiles=True),
@@ -193,8 +218,13 @@ def replica_charts(samples: Sequence[Json]) -> list[Chart]:
         Chart("Tokens generated per second", long_series(samples, TOKENS), "tokens/s",
               f"No token rate in this window: {_IDLE}."),
         Chart("Queue (requests)", long_series(samples, QUEUE), "requests", f"No queue in this window: {_IDLE}."),
-        Chart("Memory (MiB): the process tree's RSS, and its GPU memory", long_series(samples, MEMORY, 1 / MIB),
-              "MiB", "No memory reading in this window: the agent could not read the engine's processes."),
+        memory_chart(samples, "rss_bytes", "RSS", host_memory, title="RSS of the engine's processes (MiB)",
+                     owner="the host's",
+                     empty="No RSS reading in this window: the agent could not read the engine's processes."),
+        memory_chart(samples, "gpu_memory_bytes", "GPU memory", gpu_total,
+                     title="GPU memory of the engine's processes (MiB)", owner=gpu_owner,
+                     empty="No GPU memory reading in this window: the agent's GPU backend reads no per-process "
+                           "memory."),
     ]
 
 

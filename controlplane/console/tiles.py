@@ -31,8 +31,12 @@ def memory_status(used: float | None, total: float | None) -> str:
     return "red" if share >= MEMORY_RED else "amber" if share >= MEMORY_AMBER else "green"
 
 
-def gpu_tile(g: Json) -> dict[str, Any]:
-    """A tile: its title, the two coloured badges, and the lines under them."""
+def gpu_tile(g: Json, fenced: bool | None = None) -> dict[str, Any]:
+    """A tile: its title, the two coloured badges, and the lines under them. ``fenced``: whether the control
+    plane holds the GPU cordoned (its node's ``cordoned_gpus``), which the button follows; None: as the agent
+    reports it. Where the two differ, the agent has yet to apply the change, and the tile says so."""
+    applied = bool(g.get("cordoned"))
+    fenced = applied if fenced is None else fenced
     temp, slowdown = g.get("temperature_celsius"), g.get("slowdown_temperature_celsius")
     used, total = g.get("memory_used_bytes"), g.get("memory_total_bytes")
     t_status, m_status = temperature_status(temp, slowdown), memory_status(used, total)
@@ -47,14 +51,17 @@ def gpu_tile(g: Json) -> dict[str, Any]:
         f"XID events {g.get('xid_events_total', 0)}" + (f" (last {g['last_xid']})" if g.get("last_xid") else "")
         + f" · ECC uncorrected {'-' if g.get('ecc_uncorrected_total') is None else g['ecc_uncorrected_total']}",
     ]
-    if g.get("cordoned"):
-        lines.append("CORDONED: its replicas are drained and kept stopped")
+    if fenced:
+        lines.append("CORDONED: its replicas are drained and kept stopped" if applied
+                     else "CORDONED: its replicas drain once the agent applies it")
+    elif applied:
+        lines.append("uncordoned: its replicas start again once the agent applies it")
     if g.get("node_status") == "stale":
         lines.append("node not reporting: these readings are old")
     return {"node": g["node"], "index": g["index"], "title": f"GPU {g['index']} · {g.get('name') or ''}",
             "temperature": t_status, "memory": m_status,
             "badges": f"{badge(t_status, temp_text)} {badge(m_status, mem_text)}", "lines": lines,
-            "cordoned": bool(g.get("cordoned"))}
+            "cordoned": fenced}
 
 
 def worst(*statuses: str) -> str:
@@ -63,10 +70,13 @@ def worst(*statuses: str) -> str:
 
 
 def by_node(nodes: Sequence[Json], gpus: Sequence[Json]) -> list[dict[str, Any]]:
-    """Per node (in the API's order): its line, cordon and status, and its GPU tiles by index."""
+    """Per node (in the API's order): its line, cordon and status, and its GPU tiles by index, each cordoned as
+    the control plane holds it (the node's ``cordoned_gpus``), as the node's own cordon is."""
     out = []
     for n in nodes:
-        tiles = [gpu_tile(g) for g in sorted((g for g in gpus if g["node"] == n["name"]), key=lambda g: g["index"])]
+        fences = n.get("cordoned_gpus")
+        tiles = [gpu_tile(g, None if fences is None else g["index"] in fences)
+                 for g in sorted((g for g in gpus if g["node"] == n["name"]), key=lambda g: g["index"])]
         status = "stale" if n.get("status") == "stale" else "up"
         line = (f"**{n['name']}** ({n.get('hostname')}) · agent {n.get('agent_version')} · last report "
                 f"{age_text(n.get('last_report_age_seconds'))} ago · {n.get('replica_count', 0)} replicas")

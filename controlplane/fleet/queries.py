@@ -33,7 +33,7 @@ def _node_out(node: Node, *, now: datetime, stale_after: timedelta, gpus: int, r
         first_seen_at=node.first_seen_at, last_report_at=node.last_report_at,
         last_report_age_seconds=max(0.0, (now - node.last_report_at).total_seconds()),
         last_sequence=node.last_sequence, reports_total=node.reports_total, cordoned=node.cordoned,
-        memory_total_bytes=node.memory_total_bytes,
+        cordoned_gpus=sorted(node.cordoned_gpus or []), memory_total_bytes=node.memory_total_bytes,
         gpu_count=gpus, replica_count=replicas,
     )
 

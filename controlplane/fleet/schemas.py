@@ -29,6 +29,9 @@ class NodeOut(BaseModel):
     last_sequence: int
     reports_total: int
     cordoned: bool
+    # The GPUs the control plane has fenced on their own (GPU cordons); each GPU's ``cordoned`` is its agent
+    # saying it applied the fence, which lags by up to a report (or forever, from an agent that is down).
+    cordoned_gpus: list[int] = []
     memory_total_bytes: int | None = None
     gpu_count: int
     replica_count: int

@@ -48,9 +48,20 @@ def serve(tmp_path: Path, agents: list[SimAgent], build: Callable[[Fleet], None]
         yield url
 
 
+def choose_replica(at: AppTest, replica: str | bool = True) -> AppTest:
+    """On the Replicas page, open one replica's page as a person does from the list: ``replica``, or the first
+    listed (True); nothing when the page lists none, or with False."""
+    boxes = [box for box in at.selectbox if box.key == "chart_replica"]
+    if replica is not False and boxes and boxes[0].options:
+        boxes[0].select(boxes[0].options[0] if replica is True else replica).run()
+        assert not at.exception, at.exception
+    return at
+
+
 def open_console(monkeypatch: pytest.MonkeyPatch, api_url: str, token: str | None = None, *,
-                 page: str | None = None, read_only: bool = False) -> AppTest:
-    """The console as a browser session opens it; ``token``: the one it was started with (signed in)."""
+                 page: str | None = None, read_only: bool = False, replica: str | bool = True) -> AppTest:
+    """The console as a browser session opens it; ``token``: the one it was started with (signed in). On the
+    Replicas page, ``replica`` is opened as ``choose_replica`` does."""
     monkeypatch.setenv(ENV_API_URL, api_url)
     for name, value in ((ENV_TOKEN, token), (ENV_READ_ONLY, "1" if read_only else None)):
         if value is None:
@@ -63,6 +74,8 @@ def open_console(monkeypatch: pytest.MonkeyPatch, api_url: str, token: str | Non
     if page is not None:
         at.switch_page(page).run()
         assert not at.exception, at.exception
+        if page == "views/replicas.py":
+            choose_replica(at, replica)
     return at
 
 

@@ -10,7 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests.console.fleets import FLEETS
-from tests.console.served import PAGES, buttons, charts, open_console, serve, texts
+from tests.console.served import PAGES, buttons, charts, choose_replica, open_console, serve, texts
 
 
 @pytest.fixture(scope="module", params=sorted(FLEETS))
@@ -84,7 +84,7 @@ def test_replicas_page(fleet_url: tuple[str, str], monkeypatch: pytest.MonkeyPat
         "replica gpu-a/r0 is WEDGED: out of rotation, canaries fail and no token moves"]}[kind]
     # Since its state_since, an hour before the fleet's clock started, as of its last report.
     assert table["uptime"].iloc[0] == {"healthy": "55m 30s", "trouble": "57m 0s"}[kind]
-    assert at.selectbox(key="chart_replica").value == "gpu-a/r0"
+    at.selectbox(key="chart_replica").select("gpu-a/r0").run()
     assert "INFO engine started" in texts(at)  # the log tail
     drawn = charts(at)
     # TTFT and ITL quantiles, tokens/s, queue, memory, GPU 0's temperature; the timeline in trouble. The simulated
@@ -115,6 +115,7 @@ def test_replicas_page(fleet_url: tuple[str, str], monkeypatch: pytest.MonkeyPat
         assert "No replica matches these filters." in texts(at)
         assert "chart_replica" not in [box.key for box in at.selectbox]  # no replica to show
         at.text_input(key="filter_text").input("").run()
+        choose_replica(at, "gpu-a/r0")  # its page closed with the list that had none
     assert buttons(at) == ["Restart", "Drain"]
 
 

@@ -9,7 +9,9 @@ import pytest
 
 from agent.wire import ReplicaState
 from tests.console.served import charts, open_console, serve, texts
-from tests.remediation.fleet import SimAgent, SimReplica
+from tests.remediation.fleet import GIB, Fleet, SimAgent, SimReplica
+
+MIB = 2**20
 
 
 def test_a_replica_that_never_served_says_which_series_it_lacks(tmp_path: Path,
@@ -46,3 +48,34 @@ def test_a_replica_just_reported_charts_its_gpu_but_not_yet_its_series(tmp_path:
         assert "Not enough samples of this replica for a chart yet." in texts(at)
         [(spec, layers)] = charts(at)  # the GPU's one reading, under its slowdown rule
         assert "layer" in spec and {60.0, 89.0} == {v for f in layers for v in f["value"]}
+
+
+def test_a_leaking_replica_is_projected_to_its_hosts_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # RSS climbs 8 MiB a report (2,880 MiB an hour) on a 64 GiB host; its GPU memory holds still under 141 GiB.
+    agent = SimAgent("gpu-a", [SimReplica("r0", rss=56 * GIB, gpu_memory=100 * GIB)], memory_total=64 * GIB)
+
+    def build(f: Fleet) -> None:
+        for _ in range(90):
+            agent.replica("r0").rss += 8 * MIB
+            f.step()
+
+    with serve(tmp_path, [agent], build) as url:
+        at = open_console(monkeypatch, url, "op", page="views/replicas.py")
+        said = texts(at)
+        assert "RSS of the engine's processes (MiB), against the host's 64 GiB" in said
+        # 64 GiB less the trend's 56 GiB and 720 MiB, at 2,880 MiB an hour.
+        assert "RSS grows 2.8 GiB/h; reaches the host's 64 GiB in 2 h 35 min" in said
+        assert "GPU memory: no growth in this window; the limit is the GPU's 141 GiB" in said
+        drawn = {tuple(sorted(set(frames[0].get("series", ())))): (spec, frames) for spec, frames in charts(at)}
+        spec, layers = drawn[("RSS",)]
+        assert "layer" in spec
+        [trend] = [f for f in layers if "trend" in f.columns]
+        [limit] = [f["value"].tolist() for f in layers if "limit" in f.columns]
+        assert limit == [64 * 1024.0]
+        # From the trend's level at the last report, as far ahead as the readings reach back (under the limit).
+        assert trend["value"].iloc[0] == pytest.approx(56 * 1024 + 720) and trend["value"].iloc[1] < 64 * 1024
+        ahead, behind = trend["at"].iloc[1] - trend["at"].iloc[0], trend["at"].iloc[0] - layers[0]["at"].min()
+        assert abs(ahead - behind).total_seconds() < 1
+        _, gpu_layers = drawn[("GPU memory",)]
+        assert not [f for f in gpu_layers if "trend" in f.columns]
+        assert [f["value"].tolist() for f in gpu_layers if "limit" in f.columns] == [[141 * 1024.0]]

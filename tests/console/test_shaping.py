@@ -27,6 +27,13 @@ def test_gpu_tiles_are_judged_against_their_own_limits() -> None:
     assert tile["badges"].startswith(":orange-badge[80 °C / slows at 83]")
     assert tile["lines"][0] == "util - · power 70 / 72 W" and "hw_thermal_slowdown" in tile["lines"][1]
     assert tile["lines"][2].startswith("XID events 2 (last 79)") and tile["lines"][3].startswith("CORDONED")
+    # The button follows the control plane's fence (the node's cordoned_gpus); the agent's own flag lags it.
+    [n] = tiles.by_node([{"name": "a", "cordoned_gpus": [1]}], [
+        {"node": "a", "index": 0, "cordoned": True}, {"node": "a", "index": 1, "cordoned": False}])
+    uncordoned, fenced = n["tiles"]
+    assert fenced["cordoned"] and fenced["lines"][-1] == "CORDONED: its replicas drain once the agent applies it"
+    assert not uncordoned["cordoned"]
+    assert uncordoned["lines"][-1] == "uncordoned: its replicas start again once the agent applies it"
 
 
 def test_models_in_trouble_come_first_with_their_alerts() -> None:
@@ -116,12 +123,12 @@ def test_latency_charts_draw_each_quantile_and_say_when_there_is_none() -> None:
     samples = [{"at": "2026-11-29T12:00:00+00:00", "values": {"ttft_p50_seconds": 0.05, "ttft_p95_seconds": 0.09,
                                                               "ttft_p99_seconds": 0.12, "itl_p99_seconds": 0.02}},
                {"at": "2026-11-29T12:00:05+00:00", "values": {"ttft_p99_seconds": 0.2, "rss_bytes": 2 * 1024**3}}]
-    ttft, itl, e2e, tokens, _queue, memory = replica_view.replica_charts(samples)
+    ttft, itl, e2e, tokens, _queue, memory, gpu_memory = replica_view.replica_charts(samples)
     assert [(p["series"], p["value"]) for p in ttft.points] == [("p50", 50.0), ("p95", 90.0), ("p99", 120.0),
                                                                 ("p99", 200.0)]
     assert ttft.quantiles and itl.quantiles and {p["series"] for p in itl.points} == {"p99"}
     assert not e2e.points and e2e.empty.startswith("No end-to-end latency in this window")
-    assert not tokens.points and [p["value"] for p in memory.points] == [2048.0]
+    assert not tokens.points and [p["value"] for p in memory.points] == [2048.0] and not gpu_memory.points
     # The quantiles keep their colours from chart to chart; none reads as a replica state.
     domain, colours = palette.quantile_scale()
     assert domain == ["p50", "p95", "p99"] and not set(colours) & set(palette.STATE_COLOURS.values())

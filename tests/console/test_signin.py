@@ -27,7 +27,7 @@ from controlplane.console.signin import (
 )
 from controlplane.security.roles import ON_BEHALF_OF_HEADER
 from tests.console.fleets import healthy
-from tests.console.served import OPERATOR, buttons, click, open_console, serve, texts
+from tests.console.served import OPERATOR, buttons, choose_replica, click, open_console, serve, texts
 from tests.helpers import free_port
 
 ADMIN = {"Authorization": "Bearer boss"}
@@ -187,7 +187,7 @@ def test_behind_a_proxy_a_viewer_sees_no_button_and_may_sign_in(tmp_path: Path,
         at.text_input(key="sign_in_token").input("op")
         click(at, "Sign in")
         assert _who(at) == "**config:operator-0 (operator)**"
-        at.switch_page("views/replicas.py").run()
+        choose_replica(at.switch_page("views/replicas.py").run())
         assert "Restart" in buttons(at)
 
 

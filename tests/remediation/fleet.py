@@ -57,6 +57,7 @@ class SimReplica:
     preemptions_per_second: float = 0.0
     preemptions_total: float = 0.0
     rss: int = 2 * GIB
+    gpu_memory: int | None = None  # the engine's processes' GPU memory (None: the backend reads none)
     canary_ok: bool = True
     stalled: bool = False
     exit_code: int | None = None
@@ -83,7 +84,7 @@ class SimReplica:
                                 preemptions_total=self.preemptions_total,
                                 preemptions_per_second=self.preemptions_per_second,
                                 itl_p99_seconds=self.itl) if serving else None,
-            process=ProcessSample(pid=4242, rss_bytes=self.rss, num_processes=4),
+            process=ProcessSample(pid=4242, rss_bytes=self.rss, num_processes=4, gpu_memory_bytes=self.gpu_memory),
             canary_ok=self.canary_ok if serving else None, canary_ttft_seconds=0.05 if serving else None,
         )
 

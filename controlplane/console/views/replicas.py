@@ -65,12 +65,15 @@ def _draw(where: DeltaGenerator, chart: replica_view.Chart) -> None:
     where.caption(chart.title)
     if not chart.points:
         where.caption(chart.empty)
-    elif chart.limit is not None:
-        where.altair_chart(charts.lines_to_limit(chart.points, chart.unit, chart.limit, chart.limit_label),
-                           width="stretch")
+        return
+    if chart.limit is not None or chart.projection:
+        where.altair_chart(charts.lines_to_limit(chart.points, chart.unit, chart.limit, chart.limit_label,
+                                                 projection=chart.projection), width="stretch")
     else:
         scale = palette.quantile_scale() if chart.quantiles else None
         where.altair_chart(charts.lines(chart.points, chart.unit, scale=scale), width="stretch")
+    if chart.note:
+        where.caption(chart.note)
 
 
 def _charts(reader: Reader, r: Json) -> None:
@@ -79,14 +82,16 @@ def _charts(reader: Reader, r: Json) -> None:
     since = (datetime.fromisoformat(r["updated_at"]) - timedelta(seconds=replica_view.WINDOWS[window])).isoformat()
     samples = reader.get(f"/v1/replicas/{r['node']}/{r['name']}/samples", since=since,
                          limit=replica_view.CHART_POINTS)
+    # Only the chosen replica's node: the host's memory (RSS's limit) and its GPUs' latest readings (their
+    # memory, the tiles, the slowdown thresholds); the whole fleet's GPUs would be thousands of rows for a few.
+    node = reader.get(f"/v1/nodes/{r['node']}")
+    latest = {g["index"]: g for g in node["gpus"]}
     shown: list[replica_view.Chart] = []
     if len(samples) < 2:
         st.caption("Not enough samples of this replica for a chart yet.")
     else:
-        shown += replica_view.replica_charts(samples)
-    # Only the chosen replica's node (its GPUs' latest readings: the tiles and the slowdown thresholds): the
-    # whole fleet's GPUs would be thousands of rows to read for a few.
-    latest = {g["index"]: g for g in reader.get("/v1/gpus", node=r["node"])}
+        shown += replica_view.replica_charts(samples, host_memory=node.get("memory_total_bytes"),
+                                             gpus=[latest.get(i) for i in r.get("gpus") or []])
     for index in r.get("gpus") or []:
         history = reader.get(f"/v1/gpus/{r['node']}/{index}/samples", since=since, limit=replica_view.CHART_POINTS)
         shown.append(replica_view.temperature_chart(index, history, latest.get(index)))
@@ -144,7 +149,12 @@ def render(console: frame.Console, reader: Reader) -> None:
     if not rows:
         return
     keys = [str(row["replica"]) for row in rows]
-    chosen = st.selectbox("replica", keys, key="chart_replica") or keys[0]
+    # Nothing chosen at first: the table is what the page is opened for, and one replica's page (five reads,
+    # seven charts) would hold it back from being usable for as long as it takes on a big fleet.
+    chosen = st.selectbox("replica", keys, index=None, key="chart_replica",
+                          placeholder="choose a replica: its charts, state timeline, log tail and stack dump")
+    if chosen is None:
+        return
     picked = next(x for x in table["replicas"] if replica_view.key(x) == chosen)
     r = reader.get(f"/v1/replicas/{picked['node']}/{picked['name']}")
     st.subheader(chosen)

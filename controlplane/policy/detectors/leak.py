@@ -8,7 +8,7 @@ slope, and most pairwise slopes pointing up (flat noise sits near one half).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from operator import attrgetter
 from statistics import median
@@ -54,6 +54,14 @@ def ends_slope(head: Sequence[tuple[float, float]], tail: Sequence[tuple[float, 
     return (median(y for _, y in tail) - median(y for _, y in head)) / dx if dx > 0 else 0.0
 
 
+def gpus_memory_total(totals: Iterable[int | None]) -> int | None:
+    """A replica's GPUs' memory together; None unless every one of them reports its total (a partial sum would
+    put the limit too low, and read as a leak)."""
+    listed = list(totals)
+    known = [t for t in listed if t is not None]
+    return sum(known) if known and len(known) == len(listed) else None
+
+
 def memory_limit(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot) -> int | None:
     """The bytes the resource would exhaust: configured, else host memory (rss) or the GPUs' memory."""
     if cond.limit_bytes is not None:
@@ -61,9 +69,7 @@ def memory_limit(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot)
     if cond.resource == "rss":
         node = snapshot.node(replica.node)
         return node.memory_total_bytes if node else None
-    totals = [g.memory_total_bytes for g in snapshot.gpus_of(replica)]
-    known = [t for t in totals if t is not None]
-    return sum(known) if known and len(known) == len(totals) else None
+    return gpus_memory_total(g.memory_total_bytes for g in snapshot.gpus_of(replica))
 
 
 def detect_leak(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot, now: datetime) -> Finding | None:
