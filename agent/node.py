@@ -34,7 +34,8 @@ from agent.orphans import Orphan, OrphanWatch
 from agent.probes import completion_request, generation_tokens, stream_completion
 from agent.process_tree import ProcessTreeSampler
 from agent.progress import CanaryEvidence, Progress
-from agent.reporter import Reporter, ReportError, next_attempt_in
+from agent.reporter import Reporter, ReportError
+from agent.retry import report_wait
 from agent.scrape import EngineScraper
 from agent.stackdump import StackDumper, find_py_spy
 from agent.states import utc_now
@@ -364,7 +365,7 @@ class Agent:
                     log.warning("%s; supervising on the last desired state", exc.summary)
                     failing = exc.kind
                 failures += 1
-                await _wait(stop, next_attempt_in(failures, interval, exc.retry_after, self._rng))
+                await _wait(stop, report_wait(failures, interval, exc.retry_after, self._rng))
                 continue
             if failures:
                 log.info("control plane reachable again after %d failed reports", failures)

@@ -11,6 +11,12 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 RETRY_CAP_SECONDS = 60.0
+# An agent's reports back off to at most this many report intervals (and 10 s to 60 s): the control plane
+# calls a node stale after 30 s without a report, so an agent that waited a minute after an outage came back
+# to a node already marked stale, and the fleet took a minute to be current again (59.6 s against 16.3 s
+# without jitter, 1,000 agents at 5 s). Spread over 20 s, a restarted control plane still meets 50 reports/s
+# more than its steady load, not the fleet at once.
+REPORT_CAP_INTERVALS = 4.0
 
 
 def report_retry_delay(failures: int, interval: float, cap: float = RETRY_CAP_SECONDS) -> float:
@@ -32,6 +38,16 @@ def next_attempt_in(failures: int, interval: float, retry_after: float | None, r
     if retry_after is None:
         return rng.uniform(0.0, backoff)
     return min(cap, min(retry_after, cap) + rng.uniform(0.0, min(interval, backoff)))
+
+
+def report_retry_cap(interval: float) -> float:
+    """The longest an agent reporting every ``interval`` seconds waits between two attempts."""
+    return min(RETRY_CAP_SECONDS, max(10.0, REPORT_CAP_INTERVALS * interval))
+
+
+def report_wait(failures: int, interval: float, retry_after: float | None, rng: random.Random) -> float:
+    """``next_attempt_in`` for an agent's reports: capped at ``report_retry_cap``."""
+    return next_attempt_in(failures, interval, retry_after, rng, cap=report_retry_cap(interval))
 
 
 def retry_after_seconds(value: str | None, now: datetime) -> float | None:

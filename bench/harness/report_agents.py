@@ -9,8 +9,8 @@ attempt; a failed attempt's sequence is then a gap nobody lost, which would hide
 
 After a failure (no answer, or 5xx) an agent tries the next of its control-plane URLs, after a wait:
 
-- ``jitter`` (today's agent): ``agent.retry.next_attempt_in``, full jitter over a doubling backoff, never sooner
-  than Retry-After;
+- ``jitter`` (today's agent): ``agent.retry.report_wait``, full jitter over a doubling backoff capped at four
+  intervals, never sooner than Retry-After;
 - ``fixed`` (the agent before it): the doubling backoff itself, no jitter, Retry-After ignored.
 """
 
@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 import httpx
 
-from agent.retry import next_attempt_in, report_retry_delay, retry_after_seconds
+from agent.retry import report_retry_delay, report_wait, retry_after_seconds
 
 RETRY_MODES = ("jitter", "fixed")
 
@@ -118,8 +118,8 @@ class Fleet:
     def _wait_after_failure(self, agent: Agent, retry_after: str | None) -> float:
         if self.retry == "fixed":
             return report_retry_delay(agent.failures, self.interval)
-        return next_attempt_in(agent.failures, self.interval, retry_after_seconds(retry_after, datetime.now(UTC)),
-                               self._rng)
+        return report_wait(agent.failures, self.interval, retry_after_seconds(retry_after, datetime.now(UTC)),
+                           self._rng)
 
     async def _attempt(self, agent: Agent) -> float:
         """Send the agent's current report once; seconds until its next attempt."""

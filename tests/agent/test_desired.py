@@ -116,6 +116,19 @@ def test_retries_are_jittered_over_the_backoff_and_never_sooner_than_retry_after
     assert next_attempt_in(1, 5.0, 3600.0, rng) == 60.0  # but cannot silence an agent past its own cap
 
 
+def test_an_agent_backs_off_to_four_report_intervals_so_its_node_is_current_soon_after_an_outage() -> None:
+    import random
+
+    from agent.retry import report_retry_cap, report_wait
+
+    # The control plane calls a node stale after 30 s: at 5 s an agent never waits past 20 s, whatever the outage.
+    assert [report_retry_cap(i) for i in (0.5, 1.0, 5.0, 15.0, 60.0)] == [10.0, 10.0, 20.0, 60.0, 60.0]
+    rng = random.Random(3)
+    waits = [report_wait(n, 5.0, None, rng) for n in (8, 12, 16) for _ in range(100)]
+    assert all(0 <= w <= 20 for w in waits) and max(waits) > 15  # spread over the whole 20 s, not bunched
+    assert all(report_wait(1, 5.0, 3600.0, rng) == 20.0 for _ in range(5))  # Retry-After up to the cap
+
+
 def test_agents_told_the_same_retry_after_do_not_come_back_together() -> None:
     import random
 
