@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from controlplane.console.client import ApiUnavailable, _get
-from controlplane.console.shaping import Json
+from controlplane.console.projection import duration_text
+from controlplane.console.shaping import Json, _parse_time
+from controlplane.policy.lifecycle import FINAL
 from controlplane.policy.payloads import Captured, RolloutPlan
 
 EVIDENCE_POINTS = 5
@@ -120,6 +123,7 @@ class _Progress(BaseModel):
 
     rollout: RolloutPlan | None = None
     captured: dict[str, Captured] | None = None
+    batch_size: int = 1  # a rolling restart's; every other rollout goes one replica at a time
 
 
 def _progress(action: Json) -> _Progress:
@@ -166,9 +170,13 @@ class Progress:
     text: str
 
 
-def rollout_progress(action: Json) -> Progress | None:
-    """Where a rolling restart (or canaried rollout) is: replica n of m, and its phase; None without a plan."""
-    rollout = _progress(action).rollout
+def rollout_progress(action: Json, now: datetime, *, canary_window: timedelta | None = None) -> Progress | None:
+    """Where a rolling restart (or canaried rollout) is: replica n of m, its phase, and the time left as of
+    ``now``, when the page read the action (the estimate is of the data shown, so nothing here reads a clock);
+    None without a plan. ``canary_window``: the control plane's ``canary_window_seconds``, when the caller knows
+    it (the payload does not carry it), to say when the canary is judged."""
+    progress = _progress(action)
+    rollout = progress.rollout
     if rollout is None:
         return None
     total = len(action.get("replicas") or []) or len(rollout.done) + sum(len(b) for b in rollout.queue)
@@ -178,4 +186,58 @@ def rollout_progress(action: Json) -> Progress | None:
         text += f" · restarting {', '.join(sorted(rollout.batch))}"
     if rollout.waiting:
         text += f" · {rollout.waiting}"
+    left = None if action.get("state") in FINAL else _time_left(action, progress, now, canary_window)
+    if left is not None:
+        text += f" · {left}"
     return Progress(done=done, total=max(total, done), phase=rollout.phase, text=text)
+
+
+def _time_left(action: Json, progress: _Progress, now: datetime, canary_window: timedelta | None) -> str | None:
+    """The time left, from the action's own record: the pace of the batches done so far times the batches
+    still to go, less the time the one in flight has already had; for a canary, its READY plus the window.
+
+    A batch's own duration is not kept (the plan keeps only the current batch's start), so the pace is the
+    time from the claim (``started_at``) to the current batch's start over the batches done, budget waits
+    included. A canaried rollout's time includes judging the canary, which is no replica's restart: its pace is
+    the canary's own restart, from the claim (its batch started then) to its READY. The console's clock and the
+    control plane's may differ by a little, so every span is held at zero or more.
+    """
+    rollout = progress.rollout
+    assert rollout is not None
+    started = _parse_time(action.get("started_at"))
+    if rollout.phase == "canary":
+        ready = rollout.canary_ready_at
+        if ready is None:
+            return "time left: known once the canary is back"
+        if rollout.canary_verdict is not None and rollout.canary_verdict.verdict == "wait":
+            return "canary judged once enough of its readings come"  # its window has run
+        if canary_window is None:
+            return f"canary READY for {_seconds_text((now - ready).total_seconds())}, judged once its window has run"
+        due = (ready + canary_window - now).total_seconds()
+        return f"canary judged in about {_seconds_text(due)}" if due > 0 else "canary judged any moment now"
+    if rollout.phase != "rolling" or not (rollout.queue or rollout.batch) or started is None:
+        return None
+    if rollout.canary is not None:
+        if rollout.canary_ready_at is None:
+            return None
+        per_batch = (rollout.canary_ready_at - started).total_seconds()
+    else:
+        finished = -(-len(rollout.done) // max(progress.batch_size, 1))
+        if not finished:
+            return "time left: known once the first replica is back"
+        until = rollout.batch_started_at if rollout.batch and rollout.batch_started_at is not None else now
+        per_batch = (until - started).total_seconds() / finished
+    per_batch = max(per_batch, 0.0)
+    left = per_batch * len(rollout.queue)
+    if rollout.batch:
+        in_flight = 0.0 if rollout.batch_started_at is None else (now - rollout.batch_started_at).total_seconds()
+        left += max(per_batch - max(in_flight, 0.0), 0.0)
+    return f"about {_seconds_text(left)} left" if left > 0 else "done any moment now"
+
+
+def _seconds_text(seconds: float) -> str:
+    """A time as a person says it: to 5 s under two minutes (never below 5 s), then to the minute."""
+    fives = 5 * round(max(seconds, 0.0) / 5)
+    if fives < 120:
+        return f"{max(fives, 5)} s"
+    return duration_text(60 * round(seconds / 60))

@@ -2,17 +2,74 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from controlplane.console import actions, alerts, overview, palette, policy_view, previews, replica_view, tiles
 from controlplane.console.client import Outcome
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def test_a_rolling_restart_shows_replica_n_of_m_and_its_phase() -> None:
     action = {"replicas": ["a/r0", "a/r1", "a/r2"], "params": {"batch_size": 1, "rollout": {
         "phase": "rolling", "queue": [["a/r2"]], "done": ["a/r0"], "batch": {"a/r1": 3}}}}
-    progress = actions.rollout_progress(action)
+    progress = actions.rollout_progress(action, T0)
     assert progress is not None and (progress.done, progress.total, progress.phase) == (1, 3, "rolling")
-    assert progress.text == "1 of 3 replicas done · phase rolling · restarting a/r1"
-    assert actions.rollout_progress({"params": {}}) is None
+    assert progress.text == "1 of 3 replicas done · phase rolling · restarting a/r1"  # no start: no estimate
+    assert actions.rollout_progress({"params": {}}, T0) is None
+
+
+def _at(seconds: float) -> str:
+    return (T0 + timedelta(seconds=seconds)).isoformat()
+
+
+def _left(rollout: dict[str, object], now: float, **params: object) -> str:
+    action = {"state": "running", "started_at": _at(0), "replicas": ["a/r0", "a/r1", "a/r2", "a/r3"],
+              "params": {**params, "rollout": rollout}}
+    progress = actions.rollout_progress(action, T0 + timedelta(seconds=now))
+    assert progress is not None
+    return progress.text.split(" · ")[-1]
+
+
+def test_a_rollout_says_its_time_left_from_the_pace_of_the_replicas_done() -> None:
+    four = {"phase": "rolling", "queue": [["a/r0"], ["a/r1"], ["a/r2"], ["a/r3"]]}
+    assert _left(four, 5) == "time left: known once the first replica is back"
+    first = {"phase": "rolling", "queue": [["a/r1"], ["a/r2"], ["a/r3"]], "batch": {"a/r0": 2},
+             "batch_started_at": _at(2)}
+    assert _left(first, 30) == "time left: known once the first replica is back"
+    # Two done in 120 s (60 s each), the third 20 s in: 40 s for it and 60 s for the last.
+    mid = {"phase": "rolling", "queue": [["a/r3"]], "done": ["a/r0", "a/r1"], "batch": {"a/r2": 2},
+           "batch_started_at": _at(120)}
+    assert _left(mid, 140) == "about 100 s left"
+    assert _left({**mid, "queue": [["a/r3"]] * 4}, 140) == "about 5 min left"  # minutes from two on
+    # Past the estimate the batch in flight counts nothing, never less: the last one is due any moment.
+    assert _left(mid, 400) == "about 60 s left"
+    assert _left({**mid, "queue": []}, 400) == "done any moment now"
+    # Waiting on the budget between batches: the wait so far is part of the pace.
+    waiting = {"phase": "rolling", "queue": [["a/r2", "a/r3"]], "done": ["a/r0", "a/r1"], "waiting": "waiting: x"}
+    assert _left(waiting, 90, batch_size=2) == "about 90 s left"
+    # A canaried rollout's pace is the canary's own restart (its judging is no replica's restart).
+    rolled = {"phase": "rolling", "canary": "a/r0", "canary_ready_at": _at(45), "done": ["a/r0"],
+              "queue": [["a/r2"], ["a/r3"]], "batch": {"a/r1": 4}, "batch_started_at": _at(200)}
+    assert _left(rolled, 215) == "about 2 min left"
+    finished = {"state": "failed", "started_at": _at(0), "params": {"rollout": mid}}
+    progress = actions.rollout_progress(finished, T0 + timedelta(seconds=140))
+    assert progress is not None and progress.text.endswith("restarting a/r2")  # over: nothing is left
+
+
+def test_a_canary_says_when_it_is_judged() -> None:
+    converging = {"phase": "canary", "canary": "a/r0", "batch": {"a/r0": 2}, "batch_started_at": _at(0)}
+    assert _left(converging, 30) == "time left: known once the canary is back"
+    ready = {"phase": "canary", "canary": "a/r0", "canary_ready_at": _at(40), "batch": {"a/r0": 2}}
+    window = timedelta(seconds=120)
+    action = {"state": "running", "started_at": _at(0), "params": {"rollout": ready}}
+    judged = actions.rollout_progress(action, T0 + timedelta(seconds=120), canary_window=window)
+    assert judged is not None and judged.text.endswith(" · canary judged in about 40 s")
+    late = actions.rollout_progress(action, T0 + timedelta(seconds=200), canary_window=window)
+    assert late is not None and late.text.endswith(" · canary judged any moment now")
+    assert _left(ready, 83) == "canary READY for 45 s, judged once its window has run"  # no window known
+    short = {**ready, "canary_verdict": {"verdict": "wait", "reason": "too few readings"}}
+    assert _left(short, 300) == "canary judged once enough of its readings come"
 
 
 def test_gpu_tiles_are_judged_against_their_own_limits() -> None:

@@ -3,6 +3,8 @@ decided, who approved, how it ended; rollouts in flight with their progress; pro
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import streamlit as st
 
 from controlplane.console import actions, confirm, frame
@@ -30,9 +32,14 @@ def _waiting(console: frame.Console, proposed: list[Json]) -> None:
                                                 effect="The proposal is closed and nothing is done."))
 
 
-def _rollouts(recent: list[Json]) -> None:
+def _read_at(reader: Reader) -> datetime:
+    """When the data shown was read (the "last updated" above the page): a rollout's time left is of it."""
+    return reader.oldest or datetime.now(UTC)
+
+
+def _rollouts(recent: list[Json], read_at: datetime) -> None:
     for a in recent:
-        progress = actions.rollout_progress(a) if a["state"] in OPEN else None
+        progress = actions.rollout_progress(a, read_at) if a["state"] in OPEN else None
         if progress is not None:
             st.markdown(f"**#{a['id']} {a['kind']} {a['target']}**")
             st.progress(progress.done / progress.total if progress.total else 0.0, text=progress.text)
@@ -45,7 +52,7 @@ def _detail(reader: Reader, action_id: int) -> None:
         st.caption(a["reason"])
     if a.get("outcome"):
         st.markdown(f"Outcome: {a['outcome']}")
-    progress = actions.rollout_progress(a)
+    progress = actions.rollout_progress(a, _read_at(reader))
     if progress is not None:
         st.progress(progress.done / progress.total if progress.total else 0.0, text=progress.text)
     st.markdown("**Guardrails**")
@@ -74,7 +81,7 @@ def render(console: frame.Console, reader: Reader) -> None:
                                         effect="Automation resumes and the breaker's page resolves."))
     if proposed:
         _waiting(console, proposed)
-    _rollouts(recent)
+    _rollouts(recent, _read_at(reader))
     rows = actions.action_rows(recent)
     if not rows:
         st.caption("No actions yet: no policy has proposed anything.")
