@@ -173,8 +173,8 @@ class Progress:
 def rollout_progress(action: Json, now: datetime, *, canary_window: timedelta | None = None) -> Progress | None:
     """Where a rolling restart (or canaried rollout) is: replica n of m, its phase, and the time left as of
     ``now``, when the page read the action (the estimate is of the data shown, so nothing here reads a clock);
-    None without a plan. ``canary_window``: the control plane's ``canary_window_seconds``, when the caller knows
-    it (the payload does not carry it), to say when the canary is judged."""
+    None without a plan. The canary's countdown is to the plan's ``canary_judged_at``; ``canary_window`` (the
+    control plane's ``canary_window_seconds``) stands in for a plan recorded before it kept that."""
     progress = _progress(action)
     rollout = progress.rollout
     if rollout is None:
@@ -211,9 +211,10 @@ def _time_left(action: Json, progress: _Progress, now: datetime, canary_window: 
             return "time left: known once the canary is back"
         if rollout.canary_verdict is not None and rollout.canary_verdict.verdict == "wait":
             return "canary judged once enough of its readings come"  # its window has run
-        if canary_window is None:
+        judged_at = rollout.canary_judged_at or (None if canary_window is None else ready + canary_window)
+        if judged_at is None:  # a plan recorded before it kept the moment
             return f"canary READY for {_seconds_text((now - ready).total_seconds())}, judged once its window has run"
-        due = (ready + canary_window - now).total_seconds()
+        due = (judged_at - now).total_seconds()
         return f"canary judged in about {_seconds_text(due)}" if due > 0 else "canary judged any moment now"
     if rollout.phase != "rolling" or not (rollout.queue or rollout.batch) or started is None:
         return None

@@ -98,6 +98,9 @@ class RolloutPlan(_Model):
     canary: str | None = None
     previous_args: list[str] | None = None
     canary_ready_at: AwareDatetime | None = None
+    # When the canary's window ends and it is judged (its READY plus canary_window_seconds): what the console
+    # counts down to. Absent in plans recorded before it was kept.
+    canary_judged_at: AwareDatetime | None = None
     canary_verdict: CanaryVerdictRecord | None = None
     # The replicas the canary was judged against, or "itself before the change".
     baseline: list[str] | str | None = None

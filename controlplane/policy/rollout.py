@@ -212,7 +212,8 @@ def _judge(action: NewArgsPayload, plan: RolloutPlan, observed: Observed, now: d
            settings: RolloutSettings) -> Step:
     """The canary phase once the canary is READY: wait out the window, compare, then promote or roll back."""
     ready_at = plan.canary_ready_at or now
-    plan = plan.model_copy(update={"canary_ready_at": ready_at})
+    plan = plan.model_copy(update={"canary_ready_at": ready_at,
+                                   "canary_judged_at": plan.canary_judged_at or ready_at + settings.canary_window})
     key = plan.canary or ""
     peers = [r for r in observed.replicas.values() if r.key != key and r.managed]
     flag_rung = isinstance(action, AddEngineFlagPayload)

@@ -68,6 +68,9 @@ def test_a_canary_says_when_it_is_judged() -> None:
     late = actions.rollout_progress(action, T0 + timedelta(seconds=200), canary_window=window)
     assert late is not None and late.text.endswith(" · canary judged any moment now")
     assert _left(ready, 83) == "canary READY for 45 s, judged once its window has run"  # no window known
+    # The plan keeps when its window ends (the control plane's canary_window_seconds): counted down to that.
+    kept = {**ready, "canary_judged_at": _at(100)}
+    assert _left(kept, 70) == "canary judged in about 30 s"
     short = {**ready, "canary_verdict": {"verdict": "wait", "reason": "too few readings"}}
     assert _left(short, 300) == "canary judged once enough of its readings come"
 
