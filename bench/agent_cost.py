@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds per run")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--canary-every", type=int, default=None,
-                        help="the agent's canary_every (default: the agent's own, a canary every scrape; 0: off)")
+                        help="the agent's canary_every, in scrapes (default: its canary_interval, 5 s; 0: off)")
     parser.add_argument("--busy", type=float, default=0.0, help="requests per second to each engine (0: idle)")
     parser.add_argument("--prometheus-every", type=float, default=0.0,
                         help="seconds between a Prometheus stand-in's scrapes of the agent and its engines (0: off)")
