@@ -15,11 +15,15 @@ other method is a 405 with ``Allow``; errors are ``{"detail": ...}`` as the cont
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+import socket
+from collections.abc import Awaitable, Callable, Generator, MutableMapping
 from typing import Any, Protocol
 
 import httpx
+import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import TypeAdapter
 
@@ -116,3 +120,32 @@ def create_app(view: AgentView, engine_client: httpx.AsyncClient | None = None) 
         await _answer(send, status, body, content_type, head=method == "HEAD")
 
     return app
+
+
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the agent owns SIGINT/SIGTERM (it must stop engines first)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.listening = asyncio.Event()
+        self._exit = asyncio.Event()
+
+    def exit(self) -> None:
+        self.should_exit = True
+        self._exit.set()
+
+    async def main_loop(self) -> None:
+        """uvicorn's loop looks at ``should_exit`` ten times a second: on an idle agent those wakeups were most
+        of its CPU. This one wakes once a second, when the Date header it sends moves on, or at once on ``exit``."""
+        while not await self.on_tick(0):  # tick 0: the Date header is brought up to date
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._exit.wait()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.listening.set()

@@ -13,8 +13,9 @@ import httpx
 
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.gpu import GpuBackendError, open_backend
+from agent.lean_client import scrape_client
 from agent.node import Agent
-from agent.plain_http import PlainHttpTransport, scrape_client
+from agent.plain_http import PlainHttpTransport
 from agent.tls import TlsConfigError, control_plane_ssl_context
 
 

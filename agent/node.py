@@ -15,7 +15,7 @@ import functools
 import logging
 import random
 import socket
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from datetime import datetime
 
 import httpx
@@ -23,7 +23,7 @@ import psutil
 import uvicorn
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from agent.api import create_app
+from agent.api import EmbeddedServer, create_app
 from agent.attached import AttachedReplica
 from agent.config import AgentConfig
 from agent.desired import DesiredStore, plan_wants
@@ -62,35 +62,6 @@ CANARY_STATES = frozenset({S.READY, S.ATTACHED})
 MAX_REPORT_EVENTS = 1000
 # One token proves the EngineCore generates (its TTFT is the canary's figure); each more is another chunk to read.
 CANARY_PROMPT, CANARY_TOKENS = "ping", 1
-
-
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn without its own signal handlers: the agent owns SIGINT/SIGTERM (it must stop engines first)."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.listening = asyncio.Event()
-        self._exit = asyncio.Event()
-
-    def exit(self) -> None:
-        self.should_exit = True
-        self._exit.set()
-
-    async def main_loop(self) -> None:
-        """uvicorn's loop looks at ``should_exit`` ten times a second: on an idle agent those wakeups were most
-        of its CPU. This one wakes once a second, when the Date header it sends moves on, or at once on ``exit``."""
-        while not await self.on_tick(0):  # tick 0: the Date header is brought up to date
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await self._exit.wait()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        self.listening.set()
 
 
 class Agent:
@@ -380,7 +351,7 @@ class Agent:
         if saved is not None:
             self.apply_desired(saved)
         app = create_app(self, engine_client=self.scrape_client)
-        server = _EmbeddedServer(uvicorn.Config(app, host=self.config.host, port=self.config.port,
+        server = EmbeddedServer(uvicorn.Config(app, host=self.config.host, port=self.config.port,
                                                 log_level="warning", lifespan="off", access_log=False))
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(r.run(), name=f"replica-{n}") for n, r in self.replicas.items()]

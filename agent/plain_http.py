@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.cookiejar
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
@@ -216,22 +215,10 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
         key = (request.url.host, request.url.port or 80)
         deadline = None if limit is None else asyncio.get_running_loop().time() + limit
         streamed = bool(request.extensions.get(STREAM))
-        try:
-            async with asyncio.timeout_at(deadline):
-                while True:
-                    conn = self._idle_conn(key)
-                    reused = conn is not None
-                    if conn is None:
-                        conn = await self._connect(key, request)
-                    try:
-                        return await self._exchange(conn, key, request, body, reused,
-                                                    deadline if streamed else None, streamed)
-                    except _Closed:
-                        continue  # a stale idle connection: try the next one, or a fresh one
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout(f"no answer within {limit:g}s", request=request) from exc
-        except _READ_ERRORS as exc:
-            raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
+        async with _within(deadline, limit, request):
+            conn, status, pairs, headers, keep = await self._sent(key, _request_bytes(request, body), request)
+            return await self._answer(conn, key, request, status, pairs, headers, keep,
+                                      deadline if streamed else None, streamed)
 
     async def _connect(self, key: tuple[str, int], request: httpx.Request | None) -> Connection:
         try:
@@ -262,17 +249,41 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
         keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
         return int(status), pairs, headers, keep
 
-    async def _exchange(self, conn: Connection, key: tuple[str, int], request: httpx.Request, body: bytes,
-                        reused: bool, deadline: float | None = None, streamed: bool = False) -> httpx.Response:
-        """One request on ``conn``: the whole body read, or (``streamed``) the head read and the body handed on as
-        it arrives, each read before ``deadline`` (a loop time; None: none)."""
+    async def _sent(self, key: tuple[str, int], raw: bytes, request: httpx.Request | None = None
+                    ) -> tuple[Connection, int, list[tuple[str, str]], dict[str, str], bool]:
+        """``raw`` sent on a kept connection to ``key``, or a fresh one, and the head of the answer read: the
+        connection, status, header pairs, headers by lower-cased name, and whether it may be kept. A kept one the
+        server closed before answering is closed and the next tried; on any other error the connection is closed."""
+        while True:
+            conn = self._idle_conn(key)
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect(key, request)
+            try:
+                return (conn, *await self._head(conn, raw, reused))
+            except _Closed:
+                _close(conn[1])
+            except BaseException:
+                _close(conn[1])
+                raise
+
+    async def _answer(self, conn: Connection, key: tuple[str, int], request: httpx.Request, status: int,
+                      pairs: list[tuple[str, str]], headers: dict[str, str], keep: bool,
+                      deadline: float | None = None, streamed: bool = False) -> httpx.Response:
+        """The response to ``request`` whose head was read on ``conn``: its whole body read, or (``streamed``) the
+        body handed on as it arrives, each read before ``deadline`` (a loop time; None: none)."""
+        bodiless = request.method == "HEAD" or status in (204, 304)
+        if streamed and not bodiless:
+            stream = _StreamedBody(self, key, conn, headers, keep, deadline, request)
+            return httpx.Response(status, headers=pairs, stream=stream, request=request)
+        content = await self._body(conn, key, bodiless, headers, keep)
+        return httpx.Response(status, headers=pairs, content=content, request=request)
+
+    async def _body(self, conn: Connection, key: tuple[str, int], bodiless: bool, headers: dict[str, str],
+                    keep: bool) -> bytes:
+        """The whole body on ``conn``; the connection kept for the next request when it may be, else closed."""
         try:
-            status, pairs, headers, keep = await self._head(conn, _request_bytes(request, body), reused)
-            bodiless = request.method == "HEAD" or status in (204, 304)
-            if streamed and not bodiless:
-                stream = _StreamedBody(self, key, conn, headers, keep, deadline, request)
-                return httpx.Response(status, headers=pairs, stream=stream, request=request)
-            content, reusable = (b"", True) if bodiless else await _read_body(conn[0], headers, self.max_body_bytes)
+            body, reusable = (b"", True) if bodiless else await _read_body(conn[0], headers, self.max_body_bytes)
         except BaseException:
             _close(conn[1])
             raise
@@ -280,67 +291,26 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
             self._release(key, conn)
         else:
             _close(conn[1])
-        return httpx.Response(status, headers=pairs, content=content, request=request)
+        return body
 
     async def fetch(self, prepared: Prepared) -> Reply:
         """``prepared`` sent and its whole answer read, without an ``httpx.Response``: the scrapes' path (at a 1 s
         interval the client's layers around this were a third of a scrape). The same connections, limit, retry
         of a stale connection and errors (``httpx.ReadTimeout``, ``ConnectError``, ``ReadError``) as
         ``handle_async_request``."""
-        key = prepared.key
-        try:
-            async with asyncio.timeout(prepared.timeout):
-                while True:
-                    conn = self._idle_conn(key)
-                    reused = conn is not None
-                    if conn is None:
-                        conn = await self._connect(key, None)
-                    try:
-                        status, _, headers, keep = await self._head(conn, prepared.raw, reused)
-                        bodiless = prepared.method == "HEAD" or status in (204, 304)
-                        body, reusable = ((b"", True) if bodiless else
-                                          await _read_body(conn[0], headers, self.max_body_bytes))
-                    except _Closed:
-                        _close(conn[1])
-                        continue
-                    except BaseException:
-                        _close(conn[1])
-                        raise
-                    if reusable and keep:
-                        self._release(key, conn)
-                    else:
-                        _close(conn[1])
-                    return Reply(status, headers, body)
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout(f"no answer within {prepared.timeout:g}s") from exc
-        except _READ_ERRORS as exc:
-            raise httpx.ReadError(f"{type(exc).__name__}: {exc}") from exc
+        loop_deadline = None if prepared.timeout is None else asyncio.get_running_loop().time() + prepared.timeout
+        async with _within(loop_deadline, prepared.timeout):
+            conn, status, _, headers, keep = await self._sent(prepared.key, prepared.raw)
+            bodiless = prepared.method == "HEAD" or status in (204, 304)
+            return Reply(status, headers, await self._body(conn, prepared.key, bodiless, headers, keep))
 
     async def stream(self, prepared: Prepared) -> tuple[int, _StreamedBody]:
         """``prepared`` sent and the head of its answer read: the status and the body as it arrives (``aclose`` it
         when done), each read before the request's deadline, counted from now. ``fetch``'s errors."""
-        key = prepared.key
         deadline = None if prepared.timeout is None else asyncio.get_running_loop().time() + prepared.timeout
-        try:
-            async with asyncio.timeout_at(deadline):
-                while True:
-                    conn = self._idle_conn(key)
-                    reused = conn is not None
-                    if conn is None:
-                        conn = await self._connect(key, None)
-                    try:
-                        status, _, headers, keep = await self._head(conn, prepared.raw, reused)
-                    except _Closed:
-                        _close(conn[1])
-                        continue
-                    except BaseException:
-                        _close(conn[1])
-                        raise
-                    return status, _StreamedBody(self, key, conn, headers, keep, deadline, None)
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout(f"no answer within {prepared.timeout:g}s") from exc
-        except _READ_ERRORS as exc:
-            raise httpx.ReadError(f"{type(exc).__name__}: {exc}") from exc
+        async with _within(deadline, prepared.timeout):
+            conn, status, _, headers, keep = await self._sent(prepared.key, prepared.raw)
+            return status, _StreamedBody(self, prepared.key, conn, headers, keep, deadline, None)
 
     def _idle_conn(self, key: tuple[str, int]) -> Connection | None:
         """A kept connection to ``key`` the server has not closed meanwhile (its FIN already read by the loop), or
@@ -367,6 +337,20 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
             for _, writer in conns:
                 _close(writer)
         self._idle.clear()
+
+
+@contextlib.asynccontextmanager
+async def _within(deadline: float | None, limit: float | None,
+                  request: httpx.Request | None = None) -> AsyncIterator[None]:
+    """The block before ``deadline`` (a loop time), its failures as httpx's errors: a timeout as
+    ``ReadTimeout``, a broken or refused read as ``ReadError`` (a ``ConnectError`` passes as it is)."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            yield
+    except TimeoutError as exc:
+        raise httpx.ReadTimeout(f"no answer within {limit:g}s", request=request) from exc
+    except _READ_ERRORS as exc:
+        raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
 
 
 def _close(writer: asyncio.StreamWriter) -> None:
@@ -396,29 +380,3 @@ def body_too_large(exc: BaseException) -> BodyTooLarge | None:
         if isinstance(err, BodyTooLarge):
             return err
     return None
-
-
-class _NoCookies(http.cookiejar.CookieJar):
-    """Engines set no cookies, and the agent sends none: keeping them cost a sixth of an idle scrape."""
-
-    def extract_cookies(self, response: object, request: object) -> None:
-        return None
-
-
-class LeanClient(httpx.AsyncClient):
-    """An ``httpx.AsyncClient`` with this transport for ``http://`` (httpx's own for ``https://``) and no cookie
-    jar; ``plain`` is that transport, for callers that send a ``Prepared`` request through it directly."""
-
-    def __init__(self, **kwargs: object) -> None:
-        self.plain = PlainHttpTransport()
-        super().__init__(mounts={"http://": self.plain}, cookies=_NoCookies(), **kwargs)  # type: ignore[arg-type]
-
-
-def lean_transport(client: httpx.AsyncClient, url: str) -> PlainHttpTransport | None:
-    """The transport ``client`` sends ``url`` through when that is this one and may be called directly."""
-    return client.plain if isinstance(client, LeanClient) and url.startswith("http://") else None
-
-
-def scrape_client() -> LeanClient:
-    """The agent's scrape client: this transport for ``http://``, httpx's own for ``https://``; no cookie jar."""
-    return LeanClient()

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import httpx
 
 from agent.engine_metrics import MetricsParseError, parse_metrics
-from agent.plain_http import STREAM, BodyTooLarge, lean_transport, prepare, read_capped
+from agent.lean_client import lean_transport
+from agent.plain_http import STREAM, BodyTooLarge, prepare, read_capped
 
 
 def served_model_name(model: str, args: list[str]) -> str:

@@ -19,15 +19,8 @@ from urllib.parse import urlencode
 import httpx
 
 from agent.engine_metrics import WANTED_NAMES, EngineSnapshot, MetricsParseError, engine_sample, parse_metrics
-from agent.plain_http import (
-    BodyTooLarge,
-    PlainHttpTransport,
-    Prepared,
-    body_too_large,
-    lean_transport,
-    prepare,
-    read_capped,
-)
+from agent.lean_client import lean_transport
+from agent.plain_http import BodyTooLarge, PlainHttpTransport, Prepared, body_too_large, prepare, read_capped
 from agent.wire import EngineSample
 
 # On loopback, gzip costs both sides CPU and saves nothing: ask for the text as it is.

@@ -16,8 +16,8 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from agent.config import AgentConfig, ReplicaConfig
 from agent.gpu.sim import SimGpuBackend
+from agent.lean_client import scrape_client
 from agent.node import Agent
-from agent.plain_http import scrape_client
 from agent.scrape import EngineScraper
 from agent.wire import EngineSample
 from tests.agent.conftest import ControlPlaneStandIn
