@@ -161,7 +161,7 @@ class AgentConfig(_Strict):
     # The older form, in scrape intervals: when given, it is N (and ``canary_interval`` N scrape intervals).
     canary_every: int | None = Field(default=None, ge=0)
     # The canary's deadline, end to end. Short on purpose: a late canary while tokens move is a busy engine and
-    # is never acted on, so the deadline only has to be longer than an idle engine's 1-token answer.
+    # is never acted on, so the deadline only has to be longer than an idle engine's 4-token answer.
     canary_timeout: float = Field(default=3.0, gt=0)
     # Canaries failed in a row, with no generation token moving, before the replica is WEDGED (readiness off).
     wedge_canaries: int = Field(default=2, ge=1, le=20)

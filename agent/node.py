@@ -60,8 +60,9 @@ Replica = ReplicaSupervisor | AttachedReplica
 SCRAPE_STATES = frozenset({S.WARMING, S.READY, S.WEDGED, S.DRAINING, S.ATTACHED})
 CANARY_STATES = frozenset({S.READY, S.ATTACHED})
 MAX_REPORT_EVENTS = 1000
-# One token proves the EngineCore generates (its TTFT is the canary's figure); each more is another chunk to read.
-CANARY_PROMPT, CANARY_TOKENS = "ping", 1
+# Four tokens, not one: a one-token canary ends at its first token, and the engine's TTFT histogram then misses
+# it (a slow engine's canary was the one TTFT reading in many short windows: the ttft-slo policy went blind).
+CANARY_PROMPT, CANARY_TOKENS = "ping", 4
 
 
 class Agent:
