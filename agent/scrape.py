@@ -13,14 +13,13 @@ never its memory, and a wrong body is an error on that replica, never a wrong nu
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 from urllib.parse import urlencode
 
 import httpx
 
 from agent.engine_metrics import WANTED_NAMES, EngineSnapshot, MetricsParseError, engine_sample, parse_metrics
 from agent.lean_client import lean_transport
-from agent.plain_http import BodyTooLarge, PlainHttpTransport, Prepared, body_too_large, prepare, read_capped
+from agent.plain_http import BodyTooLarge, body_too_large, prepare, read_capped
 from agent.wire import EngineSample
 
 # On loopback, gzip costs both sides CPU and saves nothing: ask for the text as it is.
@@ -69,8 +68,6 @@ class EngineScraper:
         self.timeout = timeout
         self.errors_total = 0
         self._request: httpx.Request | None = None
-        self._lean: PlainHttpTransport | Literal[False] | None = None  # None: not looked up yet
-        self._prepared: Prepared | None = None
         self._last_body = b""
         self.previous: EngineSnapshot | None = None
         self.last: EngineSample | None = None
@@ -99,12 +96,9 @@ class EngineScraper:
     async def _get(self, request: httpx.Request) -> tuple[bytes, str]:
         """The body of a 2xx answer to ``request`` and its text encoding; ``httpx.HTTPStatusError`` otherwise.
         On the agent's lean transport the request goes to it directly, built into bytes once."""
-        if self._lean is None:
-            self._lean = lean_transport(self.client, self.url) or False
-        if self._lean:
-            if self._prepared is None:
-                self._prepared = prepare(request)
-            reply = await self._lean.fetch(self._prepared)
+        lean = lean_transport(self.client, self.url)
+        if lean is not None:
+            reply = await lean.fetch(prepare(request))  # its bytes built once per request (``prepare``)
             if reply.status < 300:
                 return reply.body, "utf-8"  # the exposition format is UTF-8
             # Rare, and said as httpx says it: the answer as a response, its error raised.

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Row, func, select
 from sqlalchemy.orm import Session
 
-from agent.wire import EngineSample, ProcessSample, salvage
+from agent.wire import EngineSample, ProcessSample, bounded, salvage
 from controlplane.fleet.schemas import EventOut, GpuOut, NodeDetail, NodeOut, NodeStatus, ReplicaOut, SampleOut
 from controlplane.fleet.summary import FIGURES, ReplicaFigures
 from controlplane.store.models import Gpu, Node, Replica, ReplicaEventRow, Sample
@@ -117,9 +117,9 @@ def reading(sample: Mapping[str, Any], field: str) -> float | None:
     wire's bound for every reading), else None: a reading stored before the wire bounded it is unknown, as
     ``salvage`` makes it, without validating the whole sample."""
     value = sample.get(field)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    return bounded(float(value), 0.0, math.inf)
 
 
 def replica_figures(*, session: Session, now: datetime, stale_after: timedelta) -> list[ReplicaFigures]:
