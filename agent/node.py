@@ -357,9 +357,11 @@ class Agent:
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(r.run(), name=f"replica-{n}") for n, r in self.replicas.items()]
             tg.create_task(self._collect_loop(stop), name="collector")
-            tg.create_task(self._report_loop(stop), name="reporter")
             tg.create_task(server.serve(), name="http")
             await server.listening.wait()
+            # Reports start once load balancers can check readiness here: a restarted agent that adopts a READY
+            # engine must not tell the control plane READY while the replica is still out of rotation.
+            tg.create_task(self._report_loop(stop), name="reporter")
             self.bound_port = server.servers[0].sockets[0].getsockname()[1] if server.servers else None
             log.info("agent %s listening on %s:%s with %d replicas", self.node, self.config.host,
                      self.bound_port, len(self.replicas))

@@ -183,6 +183,10 @@ class ServerConfig(BaseModel):
     guardrails: dict[str, Any] = Field(default_factory=dict)
     # Canaries: how long a canary runs beside its peers before it is judged, and how much worse it may be.
     canary_window_seconds: float = Field(default=120.0, gt=0)
+    # A rollout's batch, READY at its new generation, is done this long after the control plane saw it so; only
+    # then does the next batch leave rotation. At least the load balancer's time to put a replica back (HAProxy:
+    # ``inter`` times ``rise``, 4 s with its defaults).
+    rollout_settle_seconds: float = Field(default=5.0, ge=0)
     canary_max_latency_regression: float = Field(default=0.10, ge=0)
     canary_max_throughput_drop: float = Field(default=0.25, ge=0, le=1)
     # A node whose last report is older than this reads as ``stale``.

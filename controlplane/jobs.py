@@ -56,6 +56,7 @@ def notifier_settings(config: ServerConfig) -> ResolvedNotifier:
 
 def rollout_settings(config: ServerConfig) -> RolloutSettings:
     return RolloutSettings(deadline=timedelta(seconds=config.action_deadline_seconds),
+                           settle=timedelta(seconds=config.rollout_settle_seconds),
                            canary_window=timedelta(seconds=config.canary_window_seconds),
                            max_latency_regression=config.canary_max_latency_regression,
                            max_throughput_drop=config.canary_max_throughput_drop,

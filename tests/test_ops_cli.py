@@ -102,8 +102,10 @@ def test_a_rollout_previews_then_runs_when_confirmed_and_waits_to_the_end(fleet:
     code, _, err = cli(fleet, "ops", "rollout", "tiny-llama", answer="n")
     assert code == Exit.OK and "nothing sent" in err and fleet.client("look").get("/v1/actions").json() == []
 
-    # Confirmed and waited on: each wait the agents converge the batch in flight, as real ones would.
-    def converge(_: float) -> None:
+    # Confirmed and waited on: each wait the time passes and the agents converge the batch in flight, as real
+    # ones would (a batch READY settles for the rollout's settle time before the next starts).
+    def converge(seconds: float) -> None:
+        fleet.clock.advance(seconds)
         fleet.reconcile()
         desired = {d["name"]: d["generation"] for d in fleet.client("ops").get("/v1/desired").json()}
         fleet.send(*[replica(f"r{i}").model_copy(update={"generation": desired.get(f"r{i}", 1)}) for i in range(3)])

@@ -94,6 +94,8 @@ class RolloutPlan(_Model):
     done: list[str] = Field(default_factory=list)
     batch: dict[str, int] = Field(default_factory=dict)
     batch_started_at: AwareDatetime | None = None
+    # When the batch was first seen READY at its new generation: it is done ``settle`` later.
+    batch_ready_at: AwareDatetime | None = None
     waiting: str | None = None
     canary: str | None = None
     previous_args: list[str] | None = None

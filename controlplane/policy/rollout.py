@@ -7,7 +7,8 @@ replicas as last reported, and in the canary phase their recent samples), calls 
 returns: the plan, the desired-state ``writes``, and the verdict, if the rollout is over. Nothing here reads
 the store or a clock.
 
-When the current batch reports READY at its new generation the next batch starts, if the model's disruption
+When the current batch reports READY at its new generation, and has stayed so for ``settle`` (the time a load
+balancer's health checks take to put it back in rotation), the next batch starts, if the model's disruption
 budget still holds without it (drain -> stop -> start -> warm -> READY is the agent's). A canary (a governed
 ``--max-num-seqs`` change, or a flag rung, on one replica with peers) first converges on its own, then runs
 beside its peers for ``canary_window``; ``canary.judge_canary`` compares them over the window's second half
@@ -117,6 +118,10 @@ class Observed:
 @dataclass(frozen=True)
 class RolloutSettings:
     deadline: timedelta = timedelta(minutes=10)  # per batch
+    # A batch READY at its new generation is done once it has been seen so for this long: a load balancer
+    # puts a replica back in rotation only after its health checks pass (HAProxy's ``inter`` times ``rise``),
+    # and the next batch must not leave rotation before it is back.
+    settle: timedelta = timedelta(seconds=5)
     canary_window: timedelta = timedelta(minutes=2)
     max_latency_regression: float = 0.10
     max_throughput_drop: float = 0.25
@@ -170,7 +175,8 @@ def _start_batch(action: RolloutPayload, plan: RolloutPlan, keys: Sequence[str],
             key, () if view is None else view.engine_args)
         writes.append(DesiredWrite(key, args))
         batch[key] = _next_generation(view)
-    return Step(plan.model_copy(update={"batch": batch, "batch_started_at": now, "waiting": None}), writes)
+    return Step(plan.model_copy(update={"batch": batch, "batch_started_at": now, "batch_ready_at": None,
+                                        "waiting": None}), writes)
 
 
 def start(action: RolloutPayload, replicas: Sequence[str], observed: Observed, now: datetime) -> Step:
@@ -282,7 +288,17 @@ def step(action: RolloutPayload, plan: RolloutPlan, model: str | None, observed:
             if now - started > settings.deadline:
                 return Step(plan, verdict=(ActionState.FAILED, f"deadline of {settings.deadline.total_seconds():g}s "
                                            f"passed; waiting on {', '.join(pending)}"))
-            return Step(plan)
+            # One that left READY while settling settles again once it is back.
+            return Step(plan.model_copy(update={"batch_ready_at": None, "waiting": None}) if plan.batch_ready_at
+                        else plan)
+        if plan.phase != "canary" and settings.settle > timedelta(0):
+            ready_at = plan.batch_ready_at or now
+            if now - ready_at < settings.settle:
+                held = (now - ready_at).total_seconds()
+                return Step(plan.model_copy(update={
+                    "batch_ready_at": ready_at,
+                    "waiting": f"settling: {', '.join(plan.batch)} READY for {held:.0f} of "
+                               f"{settings.settle.total_seconds():g}s"}))
         if plan.phase == "canary":
             assert not isinstance(action, RollingRestartPayload)  # a rolling restart has no canary
             judged = _judge(action, plan, observed, now, settings)
@@ -290,7 +306,8 @@ def step(action: RolloutPayload, plan: RolloutPlan, model: str | None, observed:
                 return judged
             plan = judged.plan
         else:
-            plan = plan.model_copy(update={"done": [*plan.done, *plan.batch], "batch": {}})
+            plan = plan.model_copy(update={"done": [*plan.done, *plan.batch], "batch": {}, "batch_ready_at": None,
+                                           "waiting": None})
     if not plan.queue:
         return Step(plan, verdict=(ActionState.SUCCEEDED, f"{len(plan.done)} replica(s) READY at their new "
                                    f"generation: {', '.join(plan.done)}"))

@@ -219,7 +219,10 @@ class Fleet:
     def start(self, replicas: int = 3) -> None:
         settings = {"port": self.cp_port, "database_url": self.database_url, "executor_interval_seconds": 0.25,
                     "report_interval_seconds": 0.5, "leader_poll_seconds": 0.5, "policies_enabled": False,
-                    "policy_process": False, "action_deadline_seconds": 120}
+                    "policy_process": False, "action_deadline_seconds": 120,
+                    # Twice what HAProxy here takes to put a server back (rise checks, one interval apart, after
+                    # the first interval at worst): the default 5 s is for HAProxy's defaults.
+                    "rollout_settle_seconds": 2 * (CHECK_RISE + 1) * CHECK_INTER_MS / 1000}
         (self.tmp / "server.yaml").write_text(yaml.safe_dump(settings))
         self.server = Proc("server", [*PITSTOP, "server", "--config", str(self.tmp / "server.yaml"),
                                       "--log-level", "warning"], self.tmp / "logs" / "server.log")

@@ -85,7 +85,8 @@ def test_set_flags_drain_and_failure(c: TestClient, clock: FakeClock) -> None:
     assert "FATAL" in c.get(f"/v1/actions/{flags['id']}", headers=OPS).json()["outcome"]
 
 
-def test_a_models_rolling_restart_goes_one_replica_at_a_time_within_the_budget(c: TestClient) -> None:
+def test_a_models_rolling_restart_goes_one_replica_at_a_time_within_the_budget(c: TestClient, clock: FakeClock
+                                                                               ) -> None:
     send(c, 1, replica("r0"), replica("r1"), replica("r2"))
     assert c.post("/v1/models/nope/actions", json={"kind": "rolling_restart"}, headers=OPS).status_code == 404
     assert c.post("/v1/models/tiny-llama/actions", json={"kind": "rolling_restart"},
@@ -106,11 +107,20 @@ def test_a_models_rolling_restart_goes_one_replica_at_a_time_within_the_budget(c
     assert generations(3, at_generation("r0", 2, ReplicaState.WARMING), replica("r1"), replica("r2")) == {"r0": 2}
     reconcile_now(c)
     assert generations(4, at_generation("r0", 2), replica("r1"), replica("r2")) == {"r0": 2}
+    reconcile_now(c)  # r0 READY: it settles back into the load balancer's rotation before r1 leaves it
+    assert generations(5, at_generation("r0", 2), replica("r1"), replica("r2")) == {"r0": 2}
+    settling = c.get(f"/v1/actions/{action['id']}", headers=OPS).json()["params"]["rollout"]["waiting"]
+    assert settling == "settling: gpu-a/r0 READY for 0 of 5s"
+    clock.advance(5)
     reconcile_now(c)
-    assert generations(5, at_generation("r0", 2), replica("r1"), replica("r2")) == {"r0": 2, "r1": 2}
-    send(c, 6, at_generation("r0", 2), at_generation("r1", 2), replica("r2"))
+    assert generations(6, at_generation("r0", 2), replica("r1"), replica("r2")) == {"r0": 2, "r1": 2}
+    send(c, 7, at_generation("r0", 2), at_generation("r1", 2), replica("r2"))
     reconcile_now(c)
-    send(c, 7, at_generation("r0", 2), at_generation("r1", 2), at_generation("r2", 2))
+    clock.advance(5)
+    reconcile_now(c)
+    send(c, 8, at_generation("r0", 2), at_generation("r1", 2), at_generation("r2", 2))
+    reconcile_now(c)
+    clock.advance(5)
     assert reconcile_now(c) == {action["id"]: "succeeded"}
     audit = c.get("/v1/audit", headers=ADMIN).json()
     assert [a["what"] for a in audit] == ["action.rolling_restart"]
