@@ -48,6 +48,10 @@ class AgentView(Protocol):
 
     def statuses(self) -> list[ReplicaStatus]: ...
 
+    def status_of(self, name: str) -> ReplicaStatus | None:
+        """One replica's status (a load balancer's readiness check asks for one, often): None if unknown."""
+        ...
+
 
 async def _answer(send: Send, status: int, body: bytes, content_type: str, head: bool = False,
                   extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
@@ -64,9 +68,6 @@ def _detail(message: str) -> bytes:
 def create_app(view: AgentView, engine_client: httpx.AsyncClient | None = None) -> AsgiApp:
     # Made on the first proxied scrape, inside the serving loop; one client for every engine (kept-alive).
     clients: list[httpx.AsyncClient] = [engine_client] if engine_client is not None else []
-
-    def find(name: str) -> ReplicaStatus | None:
-        return next((s for s in view.statuses() if s.name == name), None)
 
     async def engine_metrics(status: ReplicaStatus, scope: Scope) -> tuple[int, bytes, str]:
         if not clients:
@@ -88,7 +89,7 @@ def create_app(view: AgentView, engine_client: httpx.AsyncClient | None = None) 
         engine = len(parts) == 4 and parts[1] == "engines" and parts[3] == "metrics"
         if replica or engine:  # /v1/replicas/{name}[/ready], /engines/{name}/metrics
             name = parts[3] if replica else parts[2]
-            status = find(name)
+            status = view.status_of(name)
             if status is None:
                 return 404, _detail(f"no replica named {name!r} on node {view.node}"), JSON
             if engine:

@@ -126,6 +126,10 @@ class Agent:
     def statuses(self) -> list[ReplicaStatus]:
         return [r.status() for r in self.replicas.values()]
 
+    def status_of(self, name: str) -> ReplicaStatus | None:
+        replica = self.replicas.get(name)
+        return None if replica is None else replica.status()
+
     def export_state(self) -> ExportState:
         return ExportState(node=self.node, gpus=list(self.gpus), replicas=self.statuses(), cordoned=self.cordoned,
                            cordoned_gpus=sorted(self.cordoned_gpus),

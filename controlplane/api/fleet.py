@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
@@ -113,7 +112,7 @@ def gpu_samples(
 @router.get("/events", response_model=list[EventOut], summary="Recent replica events, newest first")
 def events(
     ctx: Ctx, session: Db, node: str | None = None, replica: str | None = None,
-    since: datetime | None = None, limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+    since: Since = None, limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,
 ) -> list[EventOut]:
     return queries.list_events(session=session, limit=limit or ctx.config.events_limit,
                                node=node, replica=replica, since=since)

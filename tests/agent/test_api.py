@@ -29,6 +29,9 @@ class FakeAgent:
     def statuses(self) -> list[ReplicaStatus]:
         return self.replicas
 
+    def status_of(self, name: str) -> ReplicaStatus | None:
+        return next((s for s in self.replicas if s.name == name), None)
+
 
 def test_ready_endpoint_is_200_only_when_ready() -> None:
     client = TestClient(create_app(FakeAgent()))

@@ -27,6 +27,9 @@ class OneReplica:
         return [ReplicaStatus(name="r0", model="m", url="http://127.0.0.1:8001", state=ReplicaState.READY,
                               ready=True, state_since=datetime(2026, 1, 1, tzinfo=UTC))]
 
+    def status_of(self, name: str) -> ReplicaStatus | None:
+        return next((s for s in self.statuses() if s.name == name), None)
+
 
 def _client(handler: httpx.MockTransport) -> TestClient:
     return TestClient(create_app(OneReplica(), engine_client=httpx.AsyncClient(transport=handler)))

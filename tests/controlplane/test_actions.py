@@ -126,6 +126,17 @@ def test_a_models_rolling_restart_goes_one_replica_at_a_time_within_the_budget(c
     assert [a["what"] for a in audit] == ["action.rolling_restart"]
 
 
+@pytest.mark.parametrize("spelled", ["meta-llama/Llama-3.1-8B-Instruct", "meta-llama%2FLlama-3.1-8B-Instruct"])
+def test_a_model_named_by_its_hub_path_is_acted_on_slash_and_all(c: TestClient, spelled: str) -> None:
+    hub = "meta-llama/Llama-3.1-8B-Instruct"
+    send(c, 1, replica("r0", model=hub), replica("r1", model=hub))
+    made = c.post(f"/v1/models/{spelled}/actions", json={"kind": "rolling_restart"}, headers=OPS)
+    assert made.status_code == 201, made.text
+    assert made.json()["target"] == f"model:{hub}" and made.json()["replicas"] == ["gpu-a/r0", "gpu-a/r1"]
+    assert c.post("/v1/models/meta-llama/nope/actions", json={"kind": "rolling_restart"},
+                  headers=OPS).status_code == 404
+
+
 def test_running_action_fails_after_its_deadline(c: TestClient, clock: FakeClock) -> None:
     send(c, 1, replica("r0"), replica("r1"))
     action = c.post("/v1/replicas/gpu-a/r0/actions", json={"kind": "restart"}, headers=OPS).json()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import timedelta, timezone
 
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.wire import EngineSample
-from tests.controlplane.fixtures import T0, body, gpu, replica, report
+from agent.wire import EngineSample, ReplicaState
+from tests.controlplane.fixtures import T0, body, gpu, replica, report, transition
 
 
 def _post(client: TestClient, sequence: int, *, temperatures: tuple[float, ...] = (61.0, 50.0),
@@ -60,6 +60,16 @@ def test_an_unknown_node_is_a_404(client: TestClient) -> None:
     assert answer.status_code == 404 and "gpu-z" in answer.json()["detail"]
 
 
+def test_events_since_a_time_with_its_offset_are_the_later_ones(client: TestClient) -> None:
+    moves = [transition("r0", T0 - timedelta(seconds=30), ReplicaState.STARTING, ReplicaState.WARMING),
+             transition("r0", T0 - timedelta(seconds=10), ReplicaState.WARMING, ReplicaState.READY)]
+    assert client.post("/v1/agents/gpu-a/report", json=body(report(events=moves))).status_code == 200
+    # The same instant written in another zone: the store compares in UTC.
+    since = (T0 - timedelta(seconds=20)).astimezone(timezone(timedelta(hours=-5))).isoformat()
+    later = client.get("/v1/events", params={"since": since}).json()
+    assert [e["to_state"] for e in later] == ["READY"]
+
+
 @pytest.mark.parametrize(("path", "params"), [
     ("/v1/gpus/gpu-a/0/samples", {"limit": 0}),
     ("/v1/gpus/gpu-a/0/samples", {"limit": 10_001}),
@@ -69,6 +79,8 @@ def test_an_unknown_node_is_a_404(client: TestClient) -> None:
     ("/v1/gpus/gpu-a/1024/samples", {}),
     ("/v1/gpus/gpu-a/first/samples", {}),
     ("/v1/replicas/gpu-a/r0/samples", {"since": "2026-11-29T12:00:00"}),
+    ("/v1/events", {"since": "2026-11-29T12:00:00"}),
+    ("/v1/events", {"since": "yesterday"}),
 ])
 def test_bad_parameters_are_a_422(client: TestClient, path: str, params: dict[str, object]) -> None:
     _post(client, 1)
