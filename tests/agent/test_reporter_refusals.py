@@ -154,3 +154,30 @@ def test_gpu_readings_no_gpu_can_give_are_sent_as_unknown_never_as_a_refused_rep
     assert gpu.xids == [79]
     sent = report(gpus=[gpu])
     assert NodeReport.model_validate_json(sent.model_dump_json()) == sent  # what the control plane reads back
+
+
+def test_the_first_report_goes_out_once_the_readiness_endpoint_listens(tmp_path: Path) -> None:
+    """A restarted agent that adopts a READY engine must not say READY while no load balancer can check it:
+    the control plane would take the next batch of a rollout out of rotation before this one is back."""
+    config = AgentConfig.model_validate({"node": "n1", "control_plane": CP, "gpu_backend": "sim",
+                                         "sim_gpu_count": 0, "report_interval": 60, "host": "127.0.0.1",
+                                         "port": 0, "state_dir": str(tmp_path / "state")})
+    answered: list[int] = []
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        agent: Agent | None = None
+
+        async def handler(request: httpx.Request) -> httpx.Response:
+            assert agent is not None and agent.bound_port is not None, "a report before the API listened"
+            async with httpx.AsyncClient() as probe:
+                answered.append((await probe.get(f"http://127.0.0.1:{agent.bound_port}/healthz")).status_code)
+            stop.set()
+            return httpx.Response(200, json={"node": "n1"})
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            agent = Agent(config, client, SimGpuBackend(tmp_path / "gpus", 0))
+            await asyncio.wait_for(agent.run(stop), timeout=30)
+
+    asyncio.run(scenario())
+    assert answered == [200]
