@@ -69,10 +69,13 @@ async def _stream(ctx: ServingContext, req: GenerationRequest, handle: RequestHa
             finish = following.reason if isinstance(following, Finished) else None
             if sent == 0 and req.chat:
                 yield _sse(writer.role_chunk())
+            if sent == 0:
+                # Recorded as the chunk is handed to the server, before the yield: a client that closes on the
+                # finish_reason of a one-token answer would cancel the stream before the yield returns, and vLLM
+                # records TTFT as it processes the engine's output, whatever the client does next.
+                handle.first_token_sent(engine.clock.now())
             yield _sse(writer.token_chunk(event.index, finish))
             sent += 1
-            if sent == 1:
-                handle.first_token_sent(engine.clock.now())
             if finish is not None:
                 break
             event = following if following is not None else await handle.events.get()

@@ -3,8 +3,9 @@
 Each step takes the profile's time for its shape (``SpeedProfile.step_seconds``) plus a fixed overhead (an
 injected slow all-reduce), then every sequence in the batch whose prefill is complete gets one token. Timings
 recorded per request follow vLLM's definitions: queue = arrival to first scheduled, prefill = first scheduled
-to first token, decode = first to last token. TTFT is observed by whoever writes the first token to the client
-(``RequestHandle.first_token_sent``) so the histogram equals what a streaming client measures.
+to first token, decode = first to last token. TTFT is observed by whoever hands the first token to the
+client's connection (``RequestHandle.first_token_sent``) so the histogram equals what a streaming client
+measures; as in vLLM, a request whose first token is also its last is counted too.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import json
 from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
@@ -177,3 +178,38 @@ def test_family_set_matches_a_recorded_real_vllm_scrape() -> None:
     assert _bounds(preempted) == ["1.0", "2.0", "3.0", "4.0", "5.0", "10.0", "20.0", "+Inf"]
     count = next(s.value for s in preempted.samples if s.name.endswith("_count"))
     assert count == 1  # the one request, finished without a preemption
+
+
+def test_a_one_token_answer_is_in_the_ttft_histogram_even_when_the_client_closes_on_it() -> None:
+    """vLLM records TTFT as it processes the engine's output (``IterationStats.update_from_output``, for every
+    output of a prefilling request), so a request whose first token is its last is counted. A client that
+    closes the stream once it reads ``finish_reason`` (as the agent's canary does) must not take it away."""
+    async def go() -> None:
+        async with inprocess_sim() as sim:
+            body = json.dumps({"model": "test-model", "prompt": "ping", "max_tokens": 1, "stream": True}).encode()
+            scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                     "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+                     "query_string": b"", "root_path": "", "server": ("sim", 80), "client": ("127.0.0.1", 1),
+                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+            first_token = asyncio.Event()
+            asked = 0
+
+            async def receive() -> dict[str, object]:
+                nonlocal asked
+                asked += 1
+                if asked == 1:
+                    return {"type": "http.request", "body": body, "more_body": False}
+                await first_token.wait()  # the client reads the one token, sees finish_reason, and is gone
+                return {"type": "http.disconnect"}
+
+            async def send(message: dict[str, object]) -> None:
+                if message["type"] == "http.response.body" and b'"finish_reason":"length"' in bytes(
+                        message.get("body", b"")):  # type: ignore[arg-type]
+                    first_token.set()
+                    await asyncio.sleep(0.05)  # the disconnect arrives before the stream goes on
+
+            await sim.app(scope, receive, send)  # type: ignore[arg-type]
+            assert first_token.is_set(), "the one token never came"
+            count = sim.ctx.registry.get_sample_value("vllm:time_to_first_token_seconds_count", LABELS)
+            assert count == 1
+    asyncio.run(go())
