@@ -114,7 +114,8 @@ def action_line(a: Mapping[str, Any]) -> str:
     progress = ""
     rollout = (a.get("params") or {}).get("rollout")
     if rollout and a.get("replicas"):
-        progress = f" [{len(rollout.get('done', []))} of {len(a['replicas'])} done, {rollout['phase']}]"
+        waiting = f"; {rollout['waiting']}" if rollout.get("waiting") else ""  # the budget, or a batch settling
+        progress = f" [{len(rollout.get('done', []))} of {len(a['replicas'])} done, {rollout['phase']}{waiting}]"
     outcome = f": {a['outcome']}" if a.get("outcome") else ""
     return f"action {a['id']} {a['kind']} {a['target']} {a['state']}{progress}{outcome}"
 

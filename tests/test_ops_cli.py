@@ -115,6 +115,9 @@ def test_a_rollout_previews_then_runs_when_confirmed_and_waits_to_the_end(fleet:
     lines = out.splitlines()
     assert lines[1].startswith("action ") and lines[1].endswith("running [0 of 3 done, rolling]")
     assert lines[-1].split(" [")[0].endswith("succeeded")
+    # Between batches, each READY batch settles back into rotation before the next leaves it, and says so.
+    assert any(line.endswith("[1 of 3 done, rolling]") for line in lines)
+    assert any("[0 of 3 done, rolling; settling: gpu-a/r0 READY for" in line for line in lines), lines
     [done] = fleet.client("look").get("/v1/actions").json()
     assert done["state"] == "succeeded" and done["requested_by"] == "config:operator-0"
 
