@@ -67,9 +67,9 @@ async def _stream(ctx: ServingContext, req: GenerationRequest, handle: RequestHa
             # vLLM puts finish_reason on the last token's chunk: look at what is already queued behind it.
             following = None if handle.events.empty() else handle.events.get_nowait()
             finish = following.reason if isinstance(following, Finished) else None
-            if sent == 0 and req.chat:
-                yield _sse(writer.role_chunk())
             if sent == 0:
+                if req.chat:
+                    yield _sse(writer.role_chunk())
                 # Recorded as the chunk is handed to the server, before the yield: a client that closes on the
                 # finish_reason of a one-token answer would cancel the stream before the yield returns, and vLLM
                 # records TTFT as it processes the engine's output, whatever the client does next.
