@@ -51,7 +51,9 @@ def test_a_leader_whose_connection_dies_steps_down(postgres_url: str) -> None:
         # Kill the leader's backend, as a crashed host or a network cut would.
         with psycopg.connect(postgres_url.replace("+psycopg", ""), autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'")
-        assert second.tick()
+        # The signal is sent at once, but the lock goes only when that backend has exited: the standby takes it
+        # on one of its next polls.
+        wait_until(second.tick, timeout=5, interval=0.05, what="the standby to take the lock")
         assert not first.tick()  # its next check finds the connection gone
     finally:
         first.release()

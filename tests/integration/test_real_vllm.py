@@ -229,7 +229,10 @@ def test_kill_9_recovered_by_backoff(real: Harness) -> None:
     assert replica["restarts_total"] == 1
     assert replica["last_exit_code"] == -9
     assert replica["process"]["pid"] != old_pid
-    wait_until(lambda: ("READY", "BACKOFF") in real.transitions(), 10, what="the failure reported")
+    try:
+        wait_until(lambda: ("READY", "BACKOFF") in real.transitions(), 10, what="the failure reported")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {real.transitions()}\n{real.agent.output()}") from None
 
 
 def test_agent_exit_leaves_no_engine_and_frees_the_port(real: Harness) -> None:
