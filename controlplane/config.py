@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -29,6 +29,9 @@ from controlplane.notify.config import NotifierConfig, external_url_problem
 from controlplane.notify.validation import EnvName, ExternalUrl
 from controlplane.policy.loader import locate
 from controlplane.security.roles import Role, person_name_problem
+
+if TYPE_CHECKING:
+    from controlplane.policy.guardrails import GuardConfig
 
 ENV_PREFIX = "PITSTOP_SERVER_"
 DEFAULT_DATABASE_URL = "sqlite:///.pitstop/pitstop.db"
@@ -242,6 +245,13 @@ class ServerConfig(BaseModel):
 
         GuardConfig.model_validate(value)
         return value
+
+    def guard_config(self) -> GuardConfig:
+        """The fleet-wide guardrails: ``guardrails``, its ``settle`` by default ``rollout_settle_seconds`` (a
+        replica back from a restart counts as serving capacity the same time after it as a rollout's batch)."""
+        from controlplane.policy.guardrails import GuardConfig
+
+        return GuardConfig.model_validate({"settle": self.rollout_settle_seconds, **self.guardrails})
 
     @field_validator("policy_dirs", mode="before")
     @classmethod

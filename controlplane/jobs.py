@@ -33,7 +33,6 @@ from controlplane.notify.notifier import Links
 from controlplane.notify.outbox import send_due
 from controlplane.notify.secrets import NotifierConfigError, ResolvedNotifier, read_secret_file, resolve_secrets
 from controlplane.policy.due import wait_seconds
-from controlplane.policy.guardrails import GuardConfig
 from controlplane.policy.rollout import RolloutSettings
 from controlplane.policy_process import PolicyProcess
 from controlplane.remediation.executor import apply_approved, reconcile
@@ -60,7 +59,7 @@ def rollout_settings(config: ServerConfig) -> RolloutSettings:
                            canary_window=timedelta(seconds=config.canary_window_seconds),
                            max_latency_regression=config.canary_max_latency_regression,
                            max_throughput_drop=config.canary_max_throughput_drop,
-                           guard=GuardConfig.model_validate(config.guardrails))
+                           guard=config.guard_config())
 
 
 class Jobs:

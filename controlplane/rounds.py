@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.config import ServerConfig
 from controlplane.heap import HeapFreezer
-from controlplane.policy.guardrails import GuardConfig
 from controlplane.remediation.executor import apply_approved
 from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.loop import RoundResult, run_round
@@ -53,7 +52,7 @@ class PolicyRounds:
         self._heap = heap
         self._monotonic = monotonic
         self.policies = PolicySet.from_config(config)
-        self.guard_config = GuardConfig.model_validate(config.guardrails)
+        self.guard_config = config.guard_config()
         # The in-memory sample history: the leader's rounds read it, a warm standby keeps it current (``follow``).
         self.samples = SampleHistory(timedelta(seconds=config.policy_history_seconds))
         self._running = threading.Lock()

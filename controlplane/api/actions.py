@@ -83,7 +83,7 @@ async def _finish(ctx: AppContext, row: ActionRow, request: Request, who: Princi
 
 def _guard_config(ctx: AppContext) -> GuardConfig:
     """The server's configured guardrails: an operator's request is judged by the same ones as a policy's."""
-    return GuardConfig.model_validate(ctx.config.guardrails)
+    return ctx.config.guard_config()
 
 
 async def _act(ctx: AppContext, request: Request, who: Principal, kind: str, force: bool, dry_run: bool,

@@ -32,6 +32,8 @@ IN_FLIGHT: frozenset[ActionState] = frozenset({S.APPROVED, S.RUNNING})
 WENT_WRONG: frozenset[ActionState] = frozenset({S.FAILED, S.ROLLED_BACK})
 # Took capacity (or tried to): counts for rate limits and the breaker.
 EXECUTED: frozenset[ActionState] = IN_FLIGHT | WENT_WRONG | {S.SUCCEEDED}
+# Ran on its replicas and ended (not held back, rejected or shadowed): they may have just come back.
+ENDED_ON_REPLICAS: frozenset[ActionState] = EXECUTED - IN_FLIGHT
 
 
 class _Frozen(BaseModel):
@@ -49,6 +51,9 @@ class ActionRecord(_Frozen):
     replicas: list[str] = Field(default_factory=list)
     model: str | None = None
     disruptive: bool = True
+    # When it reached its outcome (the control plane's clock): a restart's replica is back READY then, and a
+    # load balancer puts it in rotation only ``GuardConfig.settle`` later.
+    finished_at: AwareDatetime | None = None
 
 
 class GuardState(_Frozen):
@@ -79,6 +84,10 @@ class GuardConfig(_Frozen):
     breaker_window: Duration = 3600.0
     breaker_max_failures: int = Field(default=3, ge=1)
     breaker_max_disrupted_replicas: int = Field(default=30, ge=1)
+    # A replica an action brought back gives capacity only this long after the action ended: READY to the agent
+    # is not yet in rotation behind a load balancer (HAProxy: ``inter`` times ``rise``, 4 s with its defaults).
+    # The server sets it from ``rollout_settle_seconds`` unless ``guardrails.settle`` is given.
+    settle: Duration = 5.0
 
     def budget_for(self, model: str) -> BudgetRule:
         return next((r for pattern, r in self.model_budgets.items() if fnmatchcase(model, pattern)), self.budget)
@@ -169,25 +178,42 @@ def _stopped_at_once(action: ProposedAction) -> list[str]:
     return list(action.replicas)
 
 
+def settling(state: GuardState, config: GuardConfig, now: datetime) -> set[str]:
+    """Replicas an action ended on within ``config.settle``: READY again, maybe not yet back in rotation."""
+    since = now - timedelta(seconds=config.settle)
+    return {k for r in state.records if r.disruptive and r.status in ENDED_ON_REPLICAS and r.finished_at is not None
+            and r.finished_at > since for k in r.replicas}
+
+
+def taken(state: GuardState, config: GuardConfig, now: datetime) -> set[str]:
+    """Replicas that give no capacity now whatever their state: a running action's, and those still settling."""
+    return {k for r in state.records if r.status in IN_FLIGHT for k in r.replicas} | settling(state, config, now)
+
+
 def budget_check(action: ProposedAction, config: GuardConfig, state: GuardState, snapshot: FleetSnapshot,
-                 allowed: Sequence[ProposedAction]) -> str | None:
+                 allowed: Sequence[ProposedAction], now: datetime) -> str | None:
     """Keep at least max(min_ready, ceil(ratio * replicas)) of the model READY, counting running actions.
 
     A replica that is already not READY, or is wedged (a stall finding), gives no capacity to protect: restarting
-    it is always within budget, even for a model's only replica.
+    it is always within budget, even for a model's only replica. One an action brought back READY counts only
+    ``config.settle`` after that action ended (``settling``).
     """
     if not action.stops_replicas or action.model is None:
         return None
     members = snapshot.replicas_of_model(action.model)
     floor = config.budget_for(action.model).floor(len(members))
-    busy = {k for r in state.records if r.status in IN_FLIGHT for k in r.replicas}
-    busy |= {k for a in allowed if a.stops_replicas for k in _stopped_at_once(a)}
+    back = settling(state, config, now)
+    busy = taken(state, config, now) | {k for a in allowed if a.stops_replicas for k in _stopped_at_once(a)}
     wedged = {f.subject for f in action.findings if f.detector == "stall"}
-    available = {r.key for r in members if r.ready and r.state == ReplicaState.READY} - busy - wedged
+    ready = {r.key for r in members if r.ready and r.state == ReplicaState.READY}
+    available = ready - busy - wedged
     after = available - set(_stopped_at_once(action))
     if len(after) < floor and after != available:  # an action that takes no capacity away never breaks it
-        return (f"{action.model}: {len(after)} of {len(members)} replicas would stay READY, budget needs {floor} "
-                f"({len(available)} available now)")
+        why = (f"{action.model}: {len(after)} of {len(members)} replicas would stay READY, budget needs {floor} "
+               f"({len(available)} available now")
+        if held := sorted((ready & back) - wedged):
+            why += f"; {', '.join(held)} back within the last {config.settle:g}s, not yet counted"
+        return why + ")"
     return None
 
 
@@ -218,7 +244,7 @@ def decide(actions: Sequence[ProposedAction], state: GuardState, snapshot: Fleet
             elif g is Guardrail.RATE_LIMIT:
                 why = global_rate_check(config, state, allowed, now)
             else:
-                why = budget_check(action, config, state, snapshot, allowed)
+                why = budget_check(action, config, state, snapshot, allowed, now)
             checks.append((g.value, why))
         seen.append(action)
         blocked = next(((name, why) for name, why in checks if why is not None), None)

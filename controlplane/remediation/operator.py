@@ -127,7 +127,7 @@ def _act(session: Session, proposal: ProposedAction, who: str, force: bool, now:
     state = guard_state(session=session, now=now)
     decision = decide([proposal], state, snapshot, now, {}, config).decisions[0]
     if dry_run:
-        return preview(decision, snapshot, state, config, force=force)
+        return preview(decision, snapshot, state, config, force=force, now=now)
     return _store(session, decision, who, force, now)
 
 

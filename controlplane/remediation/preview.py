@@ -3,18 +3,19 @@
 Pure. The console and ``pitstop … --dry-run`` show this before every click: which replicas the action takes out
 of service at once, and how many of each model's READY replicas stay serving against the disruption budget's
 floor. It counts READY the way the budget guardrail does (``guardrails.budget_check``): a replica already taken
-by a running action, or not READY, gives no capacity now.
+by a running action, one an action brought back within the settle, or not READY, gives no capacity now.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from pydantic import BaseModel
 
 from agent.wire import ReplicaState
 from controlplane.policy.engine_args import MAX_NUM_SEQS
-from controlplane.policy.guardrails import IN_FLIGHT, STATE_OF, Decision, GuardConfig, GuardState, Verdict
+from controlplane.policy.guardrails import STATE_OF, Decision, GuardConfig, GuardState, Verdict, taken
 from controlplane.policy.lifecycle import ActionState
 from controlplane.policy.payloads import CordonPayload, MaxNumSeqsPayload, RollingRestartPayload
 from controlplane.policy.proposals import ProposedAction
@@ -68,9 +69,9 @@ def _at_once(action: ProposedAction, replicas: Sequence[Replica]) -> list[Replic
 
 
 def blast_radius(action: ProposedAction, snapshot: FleetSnapshot, state: GuardState,
-                 config: GuardConfig) -> list[ModelImpact]:
+                 config: GuardConfig, now: datetime) -> list[ModelImpact]:
     hit = affected(action, snapshot)
-    busy = {k for r in state.records if r.status in IN_FLIGHT for k in r.replicas}
+    busy = taken(state, config, now)
     at_once = {r.key for r in _at_once(action, hit)}
     impact = []
     for model in sorted({r.model for r in hit}):
@@ -112,9 +113,9 @@ def summarise(action: ProposedAction, impact: Sequence[ModelImpact], hit: int) -
 
 
 def preview(decision: Decision, snapshot: FleetSnapshot, state: GuardState, config: GuardConfig, *,
-            force: bool) -> ActionPreview:
+            force: bool, now: datetime) -> ActionPreview:
     action = decision.action
-    impact = blast_radius(action, snapshot, state, config)
+    impact = blast_radius(action, snapshot, state, config, now)
     hit = affected(action, snapshot)
     summary = summarise(action, impact, len(hit))
     recorded = STATE_OF[decision.verdict]

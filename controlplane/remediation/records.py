@@ -232,7 +232,8 @@ def record_decision(*, session: Session, decision: Decision, now: datetime, requ
 def guard_state(*, session: Session, now: datetime, window: timedelta = timedelta(hours=1)) -> GuardState:
     """Recent actions as the guardrails' input (cooldowns, rate limits, budgets, breaker)."""
     rows = session.execute(select(ActionRow.policy, ActionRow.kind, ActionRow.target, ActionRow.created_at,
-                                  ActionRow.state, ActionRow.replicas, ActionRow.model, ActionRow.disruptive)
+                                  ActionRow.state, ActionRow.replicas, ActionRow.model, ActionRow.disruptive,
+                                  ActionRow.finished_at)
                            .where(ActionRow.created_at >= now - window)
                            .order_by(ActionRow.created_at, ActionRow.id))
     # An alert's cooldown keeps a firing alert from paging twice; once that alert resolved, the next breach is
@@ -245,8 +246,9 @@ def guard_state(*, session: Session, now: datetime, window: timedelta = timedelt
     records = [ActionRecord(policy=policy or "operator", kind=kind, target=target, at=at,
                             status=ActionState(state), replicas=list(replicas), model=model,
                             # A kind the table no longer knows counts as it was stored.
-                            disruptive=known.disrupts if (known := find(kind)) is not None else stored)
-               for policy, kind, target, at, state, replicas, model, stored in rows
+                            disruptive=known.disrupts if (known := find(kind)) is not None else stored,
+                            finished_at=finished)
+               for policy, kind, target, at, state, replicas, model, stored, finished in rows
                if not (kind == ActionKind.ALERT and at <= cleared.get((policy, target), at - timedelta(1)))]
     return GuardState(records=records)
 

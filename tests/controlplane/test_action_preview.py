@@ -138,3 +138,31 @@ def test_a_max_num_seqs_request_is_checked_before_anything_moves(c: TestClient) 
     assert c.post(path, json={"kind": "set_max_num_seqs", "max_num_seqs": 32}, headers=VIEWER).status_code == 403
     raised = preview(c, path, {"kind": "set_max_num_seqs", "max_num_seqs": 128})
     assert raised["kind"] == "raise_max_num_seqs" and raised["target"] == "replica:gpu-a/r0"
+
+
+def test_a_replica_back_from_a_restart_counts_as_serving_only_once_it_has_settled(
+        c: TestClient, clock: FakeClock) -> None:
+    # Two of three must serve. r0 is restarted and comes back READY; behind a load balancer it is not yet in
+    # rotation, so restarting r1 at once would leave r2 serving alone.
+    send(c, 1, replica("r0"), replica("r1"), replica("r2"))
+    made = c.post("/v1/replicas/gpu-a/r0/actions", json={"kind": "restart"}, headers=OPS).json()
+    ctx = c.app.state.pitstop  # type: ignore[attr-defined]
+
+    def reconcile_now() -> None:
+        with session_scope(ctx.sessions) as session:
+            reconcile(session=session, now=clock(), deadline=timedelta(seconds=300))
+
+    reconcile_now()
+    clock.advance(20)
+    send(c, 2, replica("r0").model_copy(update={"generation": 2}), replica("r1"), replica("r2"))
+    reconcile_now()
+    assert c.get(f"/v1/actions/{made['id']}", headers=OPS).json()["state"] == "succeeded"
+    clock.advance(2)
+    seen = preview(c, "/v1/replicas/gpu-a/r1/actions", {"kind": "restart"})
+    assert (seen["verdict"], seen["guardrail"]) == ("suppressed", "disruption_budget")
+    assert "gpu-a/r0 back within the last 5s, not yet counted" in seen["reason"]
+    assert seen["impact"][0]["ready"] == 2  # r0 is not counted yet
+    clock.advance(3)  # rollout_settle_seconds, 5 s by default, since the restart ended
+    seen = preview(c, "/v1/replicas/gpu-a/r1/actions", {"kind": "restart"})
+    assert seen["verdict"] == "allowed"
+    assert seen["summary"] == "restarts 1 of 3 READY replicas of tiny-llama; 2 stay serving"

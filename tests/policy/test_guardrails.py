@@ -69,6 +69,28 @@ def test_disruption_budget_keeps_enough_replicas_ready_counting_running_actions(
     assert "budget needs 2" in decisions[1].reason
 
 
+def test_a_replica_back_from_a_restart_counts_only_once_it_has_settled():
+    # Three replicas, two must serve. r1's restart ended 2 s ago: READY to its agent, but a load balancer puts
+    # it back in rotation only after its checks pass (HAProxy: inter x rise). Taking r2 now would leave r3 alone.
+    snap = fleet(7200, [replica("r1"), replica("r2"), replica("r3")])
+    config = GuardConfig(budget=BudgetRule(min_ready=2, min_ready_ratio=0.0), settle=5)
+    ended = past(restart("r1", policy_name="leak"), 0).model_copy(update={"finished_at": NOW - timedelta(seconds=2)})
+    [held] = one([restart("r2")], GuardState(records=[ended]), snap=snap, config=config)
+    assert held.verdict == Verdict.SUPPRESSED and held.guardrail == "disruption_budget"
+    assert "n1/r1 back within the last 5s, not yet counted" in held.reason
+    settled = ended.model_copy(update={"finished_at": NOW - timedelta(seconds=5)})
+    [d] = one([restart("r2")], GuardState(records=[settled]), snap=snap, config=config)
+    assert d.verdict == Verdict.ALLOWED
+    # Only an action that ran ends on its replicas: one the guardrails held back leaves nothing settling.
+    held_back = ended.model_copy(update={"status": "suppressed"})
+    [d] = one([restart("r2")], GuardState(records=[held_back]), snap=snap, config=config)
+    assert d.verdict == Verdict.ALLOWED
+    # With no settle (a fleet behind no load balancer), back is back.
+    [now_ok] = one([restart("r2")], GuardState(records=[ended]), snap=snap, config=config.model_copy(
+        update={"settle": 0}))
+    assert now_ok.verdict == Verdict.ALLOWED
+
+
 def test_budget_counts_replicas_that_are_already_down():
     snap = fleet(7200, [replica("r1"), replica("r2", state=ReplicaState.BACKOFF), replica("r3")])
     config = GuardConfig(budget=BudgetRule(min_ready=2, min_ready_ratio=0.0))
