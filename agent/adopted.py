@@ -16,25 +16,13 @@ import logging
 import signal
 from pathlib import Path
 
-import psutil
-
 from agent.engine_log import EngineLog, last_lines
-from agent.engine_proc import LOG_CHECK_INTERVAL, kill_group, signal_group
+from agent.engine_proc import LOG_CHECK_INTERVAL, kill_group, process_gone, signal_group
 
 log = logging.getLogger(__name__)
 
 UNKNOWN_EXIT = -1  # not our child: the exit code went to whoever reaped it
 POLL_SECONDS = 0.1
-
-
-def _gone(pid: int, created: float) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        return proc.create_time() != created or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.AccessDenied:
-        return False
 
 
 class AdoptedEngine:
@@ -56,7 +44,7 @@ class AdoptedEngine:
 
     async def _watch_exit(self) -> None:
         checked = 0.0
-        while not _gone(self.pid, self.created):
+        while not process_gone(self.pid, self.created):
             await asyncio.sleep(self._poll)
             checked += self._poll
             if checked >= LOG_CHECK_INTERVAL:
@@ -68,6 +56,11 @@ class AdoptedEngine:
         self.returncode = UNKNOWN_EXIT
         if not self._exited.done():
             self._exited.set_result(None)
+
+    @property
+    def gone(self) -> bool:
+        """Exited, even before the next poll notices (``returncode`` is set then)."""
+        return self.returncode is not None or process_gone(self.pid, self.created)
 
     def log_tail(self) -> list[str]:
         """The engine's last lines, from the log file it writes (its earlier lines included)."""

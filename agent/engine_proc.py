@@ -38,6 +38,18 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+def process_gone(pid: int, created: float | None = None) -> bool:
+    """Whether process ``pid`` has exited: no such process, a zombie not yet reaped, or (``created`` given)
+    another process under a reused pid. One not ours to read counts as alive."""
+    try:
+        proc = psutil.Process(pid)
+        return (created is not None and proc.create_time() != created) or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.AccessDenied:
+        return False
+
+
 def signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -108,6 +120,11 @@ class EngineProcess:
     @property
     def returncode(self) -> int | None:
         return self.proc.returncode
+
+    @property
+    def gone(self) -> bool:
+        """Exited, even if the exit is not yet reaped (``returncode`` is set only once it is)."""
+        return self.proc.returncode is not None or process_gone(self.pid)
 
     async def exited(self) -> int:
         """The leader's exit code, as soon as it exits.

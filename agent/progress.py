@@ -95,6 +95,12 @@ class ProgressWatch:
         self.in_flight_when_live = None
         self._history = []
 
+    def wedged_reason(self, in_flight: int, connections: int | None) -> str:
+        """The WEDGED transition's message: the verdict's evidence, and the requests the wedge holds."""
+        return (f"wedged: {self.streak} canaries in a row failed with no generation token moving ({self.summary()}); "
+                f"readiness off; {in_flight} request(s) in flight "
+                f"({'unknown' if connections is None else connections} client connection(s) open)")
+
     def summary(self) -> str:
         """Why the last verdict was reached, for the transition's event message."""
         parts = []

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
-import psutil
 
 from agent.adopted import AdoptedEngine
 from agent.backoff import FailureWindow
@@ -110,31 +109,17 @@ class ReplicaSupervisor:
         """Take one canary's evidence; a WEDGED verdict on a READY replica wakes the task to take it out."""
         verdict = self.progress.observe(evidence)
         if verdict is Progress.WEDGED and self.state == S.READY and self._wedged_because is None:
-            if self._engine_exited():
+            if self.proc is None or self.proc.gone:
                 # A dead engine refuses the canary at once, often before its exit is reaped: a crash, which the
                 # exit path reports (READY -> BACKOFF), not a wedge. A wedged engine is alive and accepts.
                 return verdict
             # The canary's own connection is closed by now; the gauges' last live count is a floor where
             # connections cannot be read.
-            connections = client_connections(self.proc.pid, self.spec.port or 0) if self.proc is not None else None
+            connections = client_connections(self.proc.pid, self.spec.port or 0)
             self.in_flight_at_wedge = max(connections or 0, int(self.progress.in_flight_when_live or 0))
-            self._wedged_because = (
-                f"wedged: {self.progress.streak} canaries in a row failed with no generation token moving "
-                f"({self.progress.summary()}); readiness off; {self.in_flight_at_wedge} request(s) in flight "
-                f"({'unknown' if connections is None else connections} client connection(s) open)")
+            self._wedged_because = self.progress.wedged_reason(self.in_flight_at_wedge, connections)
             self._wake.set()
         return verdict
-
-    def _engine_exited(self) -> bool:
-        """Whether the engine's leader is gone, counting one that has exited but is not yet reaped."""
-        if self.proc is None or self.proc.returncode is not None:
-            return True
-        try:
-            return psutil.Process(self.proc.pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-        except psutil.AccessDenied:
-            return False
 
     def request_shutdown(self) -> None:
         self._shutdown = True

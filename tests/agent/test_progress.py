@@ -48,6 +48,16 @@ def test_in_flight_is_remembered_only_while_tokens_move() -> None:
     assert watch.in_flight_when_live == 3.0
 
 
+def test_the_wedged_message_gives_the_evidence_and_what_the_wedge_holds() -> None:
+    watch = ProgressWatch(needed=2)
+    watch.observe(CanaryEvidence(ok=False, tokens_before=40, tokens_after=40, error="timed out"))
+    watch.observe(CanaryEvidence(ok=False, error="timed out"))
+    assert watch.wedged_reason(3, None) == (
+        "wedged: 2 canaries in a row failed with no generation token moving (timed out (generation tokens 40 -> 40); "
+        "timed out (/metrics unreadable)); readiness off; 3 request(s) in flight (unknown client connection(s) open)")
+    assert watch.wedged_reason(2, 2).endswith("2 request(s) in flight (2 client connection(s) open)")
+
+
 def test_a_canary_that_is_accepted_and_never_answered_fails_at_its_deadline() -> None:
     # A wedged vLLM takes the request and sends nothing more (vLLM #39863): the deadline covers the whole
     # request, not only each read.
