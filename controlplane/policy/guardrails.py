@@ -185,9 +185,13 @@ def settling(state: GuardState, config: GuardConfig, now: datetime) -> set[str]:
             and r.finished_at > since for k in r.replicas}
 
 
+def _running_on(state: GuardState) -> set[str]:
+    return {k for r in state.records if r.status in IN_FLIGHT for k in r.replicas}
+
+
 def taken(state: GuardState, config: GuardConfig, now: datetime) -> set[str]:
     """Replicas that give no capacity now whatever their state: a running action's, and those still settling."""
-    return {k for r in state.records if r.status in IN_FLIGHT for k in r.replicas} | settling(state, config, now)
+    return _running_on(state) | settling(state, config, now)
 
 
 def budget_check(action: ProposedAction, config: GuardConfig, state: GuardState, snapshot: FleetSnapshot,
@@ -203,7 +207,7 @@ def budget_check(action: ProposedAction, config: GuardConfig, state: GuardState,
     members = snapshot.replicas_of_model(action.model)
     floor = config.budget_for(action.model).floor(len(members))
     back = settling(state, config, now)
-    busy = taken(state, config, now) | {k for a in allowed if a.stops_replicas for k in _stopped_at_once(a)}
+    busy = _running_on(state) | back | {k for a in allowed if a.stops_replicas for k in _stopped_at_once(a)}
     wedged = {f.subject for f in action.findings if f.detector == "stall"}
     ready = {r.key for r in members if r.ready and r.state == ReplicaState.READY}
     available = ready - busy - wedged
