@@ -5,17 +5,26 @@ agent would then fail to bind the replica's port and crash-loop, or restart ever
 agent restart. So each spawn writes ``<name>.pid``: the pid and its create time (which tells a reused pid from
 the original), and the generation and engine arguments it runs, so the next agent can adopt it
 (``agent.adopted``) and judge it against what is wanted.
+
+The record is written twice. Before the spawn it announces the engine with a mark, a random token the engine
+carries in its environment (``PITSTOP_ENGINE_MARK``); after the spawn it adds the pid. An agent killed between
+the two leaves an engine whose pid nobody wrote down: the next agent finds it by its mark, the session leader
+whose environment carries it, so no engine ever runs without a record that leads to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import signal
 import time
 from pathlib import Path
 
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ENGINE_MARK = "PITSTOP_ENGINE_MARK"
 
 
 class Leftover(BaseModel):
@@ -28,21 +37,54 @@ class Leftover(BaseModel):
     # None: written by an agent that did not record them; such an engine is never what is wanted now.
     generation: int | None = None
     args: list[str] = Field(default_factory=list)
+    mark: str | None = None
+
+
+class _Record(BaseModel):
+    """The file: an announced engine has a mark and no pid yet."""
+
+    pid: int | None = None
+    create_time: float | None = None
+    generation: int | None = None
+    args: list[str] = Field(default_factory=list)
+    mark: str | None = None
+
+
+def find_marked(mark: str) -> psutil.Process | None:
+    """The live session leader whose environment carries ``mark``: the engine, not a child that inherited it."""
+    for proc in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or os.getsid(proc.pid) != proc.pid:
+                continue
+            if proc.environ().get(ENGINE_MARK) == mark:
+                return proc
+    return None
 
 
 class PidFile:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def write(self, pid: int, generation: int | None = None, args: list[str] | None = None) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def announce(self, generation: int | None, args: list[str]) -> str:
+        """Record the engine about to be spawned; the mark to put in its environment (``ENGINE_MARK``)."""
+        mark = secrets.token_hex(16)
+        self._save(_Record(generation=generation, args=list(args), mark=mark))
+        return mark
+
+    def write(self, pid: int, generation: int | None = None, args: list[str] | None = None,
+              mark: str | None = None) -> None:
+        """Record the spawned engine; ``mark`` is what ``announce`` gave for it."""
         try:
-            created = psutil.Process(pid).create_time()
+            created: float | None = psutil.Process(pid).create_time()
         except psutil.NoSuchProcess:
             created = 0.0
-        record = Leftover(pid=pid, create_time=created, generation=generation, args=list(args or []))
+        self._save(_Record(pid=pid, create_time=created, generation=generation, args=list(args or []),
+                           mark=mark))
+
+    def _save(self, record: _Record) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(record.model_dump_json())
+        tmp.write_text(record.model_dump_json(exclude_none=True))
         os.replace(tmp, self.path)  # a kill between the two leaves the old record or the new one, never half
 
     def clear(self) -> None:
@@ -56,11 +98,19 @@ class PidFile:
     def left(self) -> Leftover | None:
         """The recorded engine, if it is still the same process (not a zombie), else ``None``."""
         try:
-            record = Leftover.model_validate_json(self.path.read_text())
+            record = _Record.model_validate_json(self.path.read_text())
+            if record.pid is None:  # announced, and the agent was gone before it wrote the pid
+                proc = find_marked(record.mark) if record.mark else None
+                if proc is None:
+                    return None
+                return Leftover(pid=proc.pid, create_time=proc.create_time(), generation=record.generation,
+                                args=record.args, mark=record.mark)
             proc = psutil.Process(record.pid)
-            if proc.create_time() == record.create_time and proc.status() != psutil.STATUS_ZOMBIE:
-                return record
-        except (OSError, ValidationError, psutil.NoSuchProcess, psutil.AccessDenied):
+            if record.create_time is not None and proc.create_time() == record.create_time \
+                    and proc.status() != psutil.STATUS_ZOMBIE:
+                return Leftover(pid=record.pid, create_time=record.create_time, generation=record.generation,
+                                args=record.args, mark=record.mark)
+        except (OSError, ValidationError, psutil.Error):
             pass
         return None
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
 from agent.adopted import UNKNOWN_EXIT, AdoptedEngine
-from agent.pidfile import PidFile
+from agent.pidfile import ENGINE_MARK, PidFile
 from tests.agent.conftest import group_alive
 
 
@@ -34,6 +38,29 @@ def test_the_pid_file_records_what_the_engine_runs(tmp_path: Path) -> None:
         assert older is not None and older.generation is None
     finally:
         engine.kill()
+        engine.wait()
+    assert pidfile.left() is None  # gone
+
+
+def test_an_engine_announced_but_never_recorded_is_found_by_its_mark(tmp_path: Path) -> None:
+    pidfile = PidFile(tmp_path / "run" / "r1.pid")
+    mark = pidfile.announce(4, ["--max-num-seqs", "16"])
+    assert pidfile.left() is None  # announced, never spawned: nothing to adopt
+    # The engine leads its session; the child it starts inherits the mark and must not be taken for it.
+    engine = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                               "print('serving', flush=True); time.sleep(60)"],
+                              start_new_session=True, stdout=subprocess.PIPE,
+                              env={**os.environ, ENGINE_MARK: mark})
+    try:
+        assert engine.stdout is not None and engine.stdout.readline() == b"serving\n"
+        left = pidfile.left()
+        assert left is not None and (left.pid, left.generation, left.args) == (engine.pid, 4, ["--max-num-seqs", "16"])
+        assert left.create_time == psutil.Process(engine.pid).create_time()
+        # Another replica's mark finds nothing.
+        assert PidFile(tmp_path / "run" / "r2.pid").announce(4, []) != mark
+    finally:
+        os.killpg(engine.pid, signal.SIGKILL)
         engine.wait()
     assert pidfile.left() is None  # gone
 

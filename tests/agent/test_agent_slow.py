@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -177,6 +178,29 @@ def test_a_new_agent_adopts_the_engine_a_killed_agent_left(start_agent: Callable
     assert replica["process"]["pid"] == engine and replica["restarts_total"] == 0
     assert group_alive(engine)
     second.proc.send_signal(signal.SIGTERM)  # and it is this agent's to stop
+    assert second.proc.wait(timeout=30) == 0
+    assert group_alive(engine) == []
+
+
+def test_an_engine_spawned_just_before_its_agent_was_killed_is_found_by_its_mark_and_adopted(
+        start_agent: Callable[..., AgentProcess], tmp_path: Any) -> None:
+    """An agent killed between the spawn and writing the pid leaves only the announcement: the engine's mark."""
+    spec = sim_replica()
+    first = start_agent([spec])
+    engine = first.wait_state("r1", "READY")["process"]["pid"]
+    first.proc.kill()
+    first.proc.wait()
+    record_path = tmp_path / "state" / "run" / "r1.pid"
+    record = json.loads(record_path.read_text())
+    assert record["mark"] and psutil.Process(engine).environ()["PITSTOP_ENGINE_MARK"] == record["mark"]
+    # What the disk holds when the kill lands inside the spawn: what is started, and how to know it; no pid.
+    record_path.write_text(json.dumps({k: record[k] for k in ("generation", "args", "mark")}))
+    second = start_agent([spec])
+    replica = second.wait_state("r1", "READY")
+    # Adopted, not doubled: a second engine on the port would fail to bind and its probes reach the first.
+    assert replica["process"]["pid"] == engine and replica["restarts_total"] == 0, second.output()
+    assert json.loads(record_path.read_text())["pid"] == engine  # and written down this time
+    second.proc.send_signal(signal.SIGTERM)
     assert second.proc.wait(timeout=30) == 0
     assert group_alive(engine) == []
 
