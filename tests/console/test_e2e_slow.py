@@ -141,8 +141,11 @@ def test_a_person_reads_the_fleet_and_rolls_a_model_from_the_console(fleet: s.St
     s.settled(page)
     page.get_by_test_id("stMarkdown").filter(has_text=f"(requested by {s.PERSON}), approved by {s.PERSON}").wait_for()
     page.get_by_test_id("stMarkdown").filter(has_text="Outcome: 3 replica(s) READY at their new generation").wait_for()
-    rows = _until(lambda: [r for r in s.grid_rows(page, "outcome") if r.get("id") == str(action["id"])], 60,
-                  "the action's row")
+    # The table and the detail are separate reads, each cached for up to READ_TTL_SECONDS: the table may show
+    # the rollout running for one more refresh after the detail shows its outcome.
+    rows = _until(lambda: [r for r in s.grid_rows(page, "outcome")
+                           if r.get("id") == str(action["id"]) and r.get("state") != "running"], 60,
+                  "the action's row with its outcome")
     assert rows[0]["state"] == "succeeded" and rows[0]["kind"] == "rolling_restart", rows
     assert rows[0]["by"] == s.PERSON, rows
     page.screenshot(path=str(shots / "6-rollout-succeeded.png"), full_page=True)
