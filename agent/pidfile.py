@@ -37,7 +37,6 @@ class Leftover(BaseModel):
     # None: written by an agent that did not record them; such an engine is never what is wanted now.
     generation: int | None = None
     args: list[str] = Field(default_factory=list)
-    mark: str | None = None
 
 
 class _Record(BaseModel):
@@ -64,22 +63,22 @@ def find_marked(mark: str) -> psutil.Process | None:
 class PidFile:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._mark: str | None = None  # the engine announced last: its pid's record keeps the mark
 
-    def announce(self, generation: int | None, args: list[str]) -> str:
-        """Record the engine about to be spawned; the mark to put in its environment (``ENGINE_MARK``)."""
-        mark = secrets.token_hex(16)
-        self._save(_Record(generation=generation, args=list(args), mark=mark))
-        return mark
+    def announce(self, generation: int | None, args: list[str]) -> dict[str, str]:
+        """Record the engine about to be spawned; the environment entry that marks it, for the spawn."""
+        self._mark = secrets.token_hex(16)
+        self._save(_Record(generation=generation, args=list(args), mark=self._mark))
+        return {ENGINE_MARK: self._mark}
 
-    def write(self, pid: int, generation: int | None = None, args: list[str] | None = None,
-              mark: str | None = None) -> None:
-        """Record the spawned engine; ``mark`` is what ``announce`` gave for it."""
+    def write(self, pid: int, generation: int | None = None, args: list[str] | None = None) -> None:
+        """Record the spawned engine, with the mark ``announce`` gave it."""
         try:
-            created: float | None = psutil.Process(pid).create_time()
+            created = psutil.Process(pid).create_time()
         except psutil.NoSuchProcess:
             created = 0.0
         self._save(_Record(pid=pid, create_time=created, generation=generation, args=list(args or []),
-                           mark=mark))
+                           mark=self._mark))
 
     def _save(self, record: _Record) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +87,7 @@ class PidFile:
         os.replace(tmp, self.path)  # a kill between the two leaves the old record or the new one, never half
 
     def clear(self) -> None:
+        self._mark = None
         self.path.unlink(missing_ok=True)
 
     def leftover(self) -> int | None:
@@ -100,16 +100,16 @@ class PidFile:
         try:
             record = _Record.model_validate_json(self.path.read_text())
             if record.pid is None:  # announced, and the agent was gone before it wrote the pid
-                proc = find_marked(record.mark) if record.mark else None
-                if proc is None:
+                marked = find_marked(record.mark) if record.mark else None
+                if marked is None:
                     return None
-                return Leftover(pid=proc.pid, create_time=proc.create_time(), generation=record.generation,
-                                args=record.args, mark=record.mark)
+                record = record.model_copy(update={"pid": marked.pid, "create_time": marked.create_time()})
+                self._save(record)  # found by its mark: written down now
             proc = psutil.Process(record.pid)
             if record.create_time is not None and proc.create_time() == record.create_time \
                     and proc.status() != psutil.STATUS_ZOMBIE:
-                return Leftover(pid=record.pid, create_time=record.create_time, generation=record.generation,
-                                args=record.args, mark=record.mark)
+                return Leftover(pid=proc.pid, create_time=record.create_time, generation=record.generation,
+                                args=record.args)
         except (OSError, ValidationError, psutil.Error):
             pass
         return None

@@ -27,7 +27,7 @@ from agent.engine_log import last_lines
 from agent.engine_proc import EngineProcess
 from agent.event_journal import EventJournal
 from agent.phases import Outcome, first_of
-from agent.pidfile import ENGINE_MARK, PidFile, end_group
+from agent.pidfile import PidFile, end_group
 from agent.probes import engine_ready, in_flight, served_model_name, stream_completion
 from agent.process_tree import client_connections
 from agent.progress import CanaryEvidence, Progress, ProgressWatch
@@ -191,7 +191,6 @@ class ReplicaSupervisor:
             self.proc = AdoptedEngine(left.pid, left.create_time, self.log_path, self.spec.log_max_bytes,
                                       self.spec.log_backups)
             self.generation, self.args = left.generation, list(left.args)
-            self.pidfile.write(left.pid, left.generation, left.args, left.mark)  # one found by its mark: now known
             self.machine.to(S.STARTING, f"adopted engine {left.pid} (generation {left.generation}) left by a "
                                         "previous agent")
             log.warning("replica %s: adopted engine %d left by a previous agent", self.spec.name, left.pid)
@@ -225,8 +224,7 @@ class ReplicaSupervisor:
         self.in_flight_at_wedge = None
         argv = self.spec.argv(self.args)
         self.machine.to(S.STARTING, f"generation {self.generation}: {' '.join(argv)}")
-        mark = self.pidfile.announce(self.generation, self.args)
-        env = {**os.environ, **self.extra_env, **self.spec.env, ENGINE_MARK: mark,
+        env = {**os.environ, **self.extra_env, **self.spec.env, **self.pidfile.announce(self.generation, self.args),
                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.spec.gpus)}
         try:
             self.proc = await EngineProcess.spawn(argv, env, self.log_path, self.spec.log_max_bytes,
@@ -235,7 +233,7 @@ class ReplicaSupervisor:
             self.pidfile.clear()
             await self._failed(f"cannot start {argv[0]!r}: {exc}")
             return
-        self.pidfile.write(self.proc.pid, self.generation, self.args, mark)
+        self.pidfile.write(self.proc.pid, self.generation, self.args)
         if await self._until_ready() and await self._warm():
             self.machine.to(S.READY, warmup_summary(self.warmup_ttfts, self.spec.warmup))
 

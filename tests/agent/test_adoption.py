@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from agent.adopted import UNKNOWN_EXIT, AdoptedEngine
-from agent.pidfile import ENGINE_MARK, PidFile
+from agent.pidfile import PidFile
 from tests.agent.conftest import group_alive
 
 
@@ -51,7 +51,7 @@ def test_an_engine_announced_but_never_recorded_is_found_by_its_mark(tmp_path: P
                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
                                "print('serving', flush=True); time.sleep(60)"],
                               start_new_session=True, stdout=subprocess.PIPE,
-                              env={**os.environ, ENGINE_MARK: mark})
+                              env={**os.environ, **mark})
     try:
         assert engine.stdout is not None and engine.stdout.readline() == b"serving\n"
         left = pidfile.left()
