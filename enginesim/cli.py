@@ -137,8 +137,19 @@ def serve_config(argv: list[str], env: Mapping[str, str]) -> tuple[ServeConfig, 
         startup_seconds=args.sim_startup_seconds, seed=args.sim_seed,
         gpu_dir=Path(args.sim_gpu_dir or env.get("PITSTOP_SIM_GPU_DIR") or DEFAULT_GPU_DIR),
         gpu_indices=gpu_indices(env.get("CUDA_VISIBLE_DEVICES")), faults=faults,
+        keep_alive=keep_alive_seconds(env.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE"), parser),
     )
     return config, ignored
+
+
+def keep_alive_seconds(value: str | None, parser: argparse.ArgumentParser) -> int:
+    """``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` as vLLM reads it: whole seconds, 5 when unset."""
+    if value is None:
+        return 5
+    try:
+        return int(value)
+    except ValueError:
+        parser.error(f"VLLM_HTTP_TIMEOUT_KEEP_ALIVE={value!r}: not a whole number of seconds")
 
 
 def _load_parser() -> argparse.ArgumentParser:

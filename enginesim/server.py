@@ -60,6 +60,8 @@ class ServeConfig:
     gpu_dir: Path = Path(".pitstop/simgpu")
     gpu_indices: list[int] = field(default_factory=lambda: [0])
     faults: FaultConfig = field(default_factory=FaultConfig)
+    # Seconds an idle client connection stays open: vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (uvicorn's 5 by default).
+    keep_alive: int = 5
 
     @property
     def names(self) -> list[str]:
@@ -195,7 +197,7 @@ async def _run_serving(config: ServeConfig, gpus: list[SimulatedGpu], publisher:
                          rng=random.Random(config.seed + 1))
     uconfig = uvicorn.Config(DropBrokenStreams(create_app(ctx)), host=config.host, port=config.port,
                              log_level="warning", access_log=False, lifespan="off",
-                             timeout_graceful_shutdown=1, timeout_keep_alive=5)
+                             timeout_graceful_shutdown=1, timeout_keep_alive=config.keep_alive)
     server = _Server(uconfig)
     exit_code = 0
     stop = asyncio.Event()

@@ -34,6 +34,13 @@ def test_environment_configures_gpu_dir_and_indices() -> None:
     assert config.gpu_dir == Path("/tmp/g") and config.gpu_indices == [1, 3]
 
 
+def test_keep_alive_is_read_from_the_environment_as_vllm_reads_it() -> None:
+    assert serve_config(["m"], {})[0].keep_alive == 5
+    assert serve_config(["m"], {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "15"})[0].keep_alive == 15
+    with pytest.raises(SystemExit):
+        serve_config(["m"], {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "soon"})
+
+
 def test_fault_flags_win_over_environment() -> None:
     env = {"PITSTOP_SIM_FAULT_LEAK_RSS_MB_PER_MIN": "20", "PITSTOP_SIM_FAULT_FAIL_START": "1",
            "PITSTOP_SIM_FAULT_ERROR_RATE": "0.5", "PITSTOP_SIM_FAULT_XID_CODE": "48"}
