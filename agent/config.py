@@ -6,6 +6,7 @@ control plane is away, GPU-only). Errors name the file, the field and, where YAM
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -20,6 +21,8 @@ from agent.tls import normalise_pin
 from agent.wire import MAX_GPU_INDEX, NAME_PATTERN
 
 ENV_PREFIX = "PITSTOP_AGENT_"
+# vLLM's API server: how long an idle client connection stays open, in seconds (uvicorn's timeout_keep_alive).
+KEEP_ALIVE_VAR = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
 
 DEFAULT_COMMANDS: dict[str, list[str]] = {
     "sim": [sys.executable, "-m", "pitstop.cli", "sim", "serve", "{model}", "--host", "{host}", "--port", "{port}"],
@@ -187,6 +190,19 @@ class AgentConfig(_Strict):
         if self.canary_every is not None:
             self.canary_interval = self.canary_every * self.scrape_interval
         return self
+
+    def engine_env(self, spec: ReplicaConfig, environ: Mapping[str, str]) -> dict[str, str]:
+        """What the agent adds to a managed engine's environment (the replica's own ``env`` still wins).
+
+        ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``: vLLM's API server closes a connection idle that many seconds (5 when
+        unset), and the agent reads each engine every ``scrape_interval`` (5 s): at the defaults every scrape
+        opened a new connection, and the close of the old one woke the agent too. Past two scrape intervals the
+        agent keeps one connection per engine. Left alone when the agent's own environment or the replica's
+        sets it."""
+        env = {"PITSTOP_SIM_GPU_DIR": str(self.sim_gpu_dir)} if spec.engine == "sim" else {}
+        if KEEP_ALIVE_VAR not in environ and KEEP_ALIVE_VAR not in spec.env:
+            env[KEEP_ALIVE_VAR] = str(max(5, math.ceil(2 * self.scrape_interval) + 5))
+        return env
 
     @property
     def canary_scrapes(self) -> int:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import random
 import socket
 from collections.abc import Callable
@@ -81,10 +82,10 @@ class Agent:
         dumper = StackDumper(find_py_spy(config.py_spy), self.node, timeout=config.stack_dump_timeout, wall=wall)
         for spec in config.replicas:
             if spec.managed:
-                env = {"PITSTOP_SIM_GPU_DIR": str(config.sim_gpu_dir)} if spec.engine == "sim" else {}
                 self.replicas[spec.name] = ReplicaSupervisor(spec, client, self.state_dir, config.backoff,
                                                              wall=wall, poll_interval=poll_interval,
-                                                             extra_env=env, dumper=dumper,
+                                                             extra_env=config.engine_env(spec, os.environ),
+                                                             dumper=dumper,
                                                              wedge_canaries=config.wedge_canaries)
             else:
                 self.replicas[spec.name] = AttachedReplica(spec, client, config.scrape_interval, wall=wall,

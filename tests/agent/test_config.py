@@ -53,6 +53,30 @@ replicas:
     assert not attached.managed and attached.base_url == "http://10.0.0.5:8000"
 
 
+def test_managed_engines_keep_the_agents_connection_past_two_scrape_intervals() -> None:
+    # vLLM's API server ends a connection idle VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds (5 unless set): shorter than
+    # the agent's gap between two reads of an engine, every scrape would open a new connection.
+    text = """
+scrape_interval: {interval}
+replicas:
+  - {{name: a, model: m, port: 8001}}
+  - {{name: b, model: m, port: 8002, engine: vllm}}
+  - {{name: c, model: m, port: 8003, engine: vllm, env: {{VLLM_HTTP_TIMEOUT_KEEP_ALIVE: "60"}}}}
+"""
+    config = parse_config(text.format(interval=5), env={})
+    a, b, c = config.replicas
+    assert config.engine_env(a, {}) == {"PITSTOP_SIM_GPU_DIR": str(config.sim_gpu_dir),
+                                        "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "15"}
+    assert config.engine_env(b, {}) == {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "15"}
+    # What the operator set stays: in the replica's env, or in the agent's own environment.
+    assert config.engine_env(c, {}) == {}
+    assert config.engine_env(b, {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "3"}) == {}
+    fast = parse_config(text.format(interval=0.5), env={})
+    assert fast.engine_env(fast.replicas[1], {}) == {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "6"}
+    slow = parse_config(text.format(interval=30), env={})
+    assert slow.engine_env(slow.replicas[1], {}) == {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "65"}
+
+
 def test_environment_overrides_main_settings() -> None:
     config = parse_config("port: 9500\n", env={"PITSTOP_AGENT_PORT": "9600", "PITSTOP_AGENT_CONTROL_PLANE": "null",
                                                "PITSTOP_AGENT_TOKEN": "s3cret", "PITSTOP_AGENT_NODE": "gpu-7"})

@@ -186,6 +186,29 @@ def test_real_streaming_canary(real: Harness) -> None:
     assert "pitstop_canary_ok{" in httpx.get(f"{real.agent.url}/metrics").text
 
 
+def _get_on(sock: socket.socket, path: str) -> bytes:
+    """One GET on an open connection, the response's head back (b"" when the server had closed it)."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: engine\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        part = sock.recv(65536)
+        if not part:
+            return head
+        head += part
+    return head
+
+
+def test_engine_keeps_an_idle_connection_past_the_agents_scrape_gap(real: Harness) -> None:
+    # vLLM ends a connection idle VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds (5 by default); the agent sets it to two
+    # scrape intervals plus 5 (7 s here, scrape_interval 1) so that its own reads keep one connection.
+    pid = real.wait_state("READY")["process"]["pid"]
+    assert psutil.Process(pid).environ().get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE") == "7"
+    with socket.create_connection(("127.0.0.1", real.port), timeout=30) as sock:
+        assert _get_on(sock, "/health").startswith(b"HTTP/1.1 200")
+        threading.Event().wait(6.0)  # past vLLM's default 5 s, inside the 7 s the agent set
+        assert _get_on(sock, "/health").startswith(b"HTTP/1.1 200"), "the engine closed an idle connection"
+
+
 def test_new_generation_drains_in_flight_streams_then_restarts(real: Harness) -> None:
     old_pid = real.replica()["process"]["pid"]
     results: list[dict[str, Any]] = []
