@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from agent.plain_http import MAX_BODY_BYTES, BodyTooLarge, body_too_large, read_capped
+from agent.lean_client import lean_transport
+from agent.plain_http import MAX_BODY_BYTES, BodyTooLarge, body_too_large, prepare, read_capped
 
 # Prometheus's default scrape timeout; it sends its own in X-Prometheus-Scrape-Timeout-Seconds.
 DEFAULT_TIMEOUT = 10.0
@@ -50,6 +51,12 @@ async def fetch_engine_metrics(client: httpx.AsyncClient, base_url: str, headers
     forward["Accept-Encoding"] = "identity"  # loopback: compression costs both sides and saves nothing
     url = base_url.rstrip("/") + "/metrics"
     try:
+        lean = lean_transport(client, url)
+        if lean is not None and lean.max_body_bytes <= max_bytes:
+            # Straight to the agent's transport, on the scrapes' kept connections (the same cap, read as it comes).
+            reply = await lean.fetch(prepare(client.build_request("GET", url, headers=forward, timeout=within)))
+            content_type = reply.headers.get("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            return Proxied(reply.status, reply.body, content_type)
         async with client.stream("GET", url, headers=forward, timeout=within) as response:
             body = await read_capped(response, max_bytes)
             content_type = response.headers.get("content-type", "text/plain; version=0.0.4; charset=utf-8")

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import uvicorn
+from fastapi import FastAPI, Request, Response
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from agent.api import create_app
-from agent.engine_proxy import fetch_engine_metrics, scrape_timeout
+from agent.engine_proxy import Proxied, fetch_engine_metrics, scrape_timeout
+from agent.lean_client import scrape_client
 from agent.wire import ReplicaState, ReplicaStatus
+from tests.helpers import free_port, wait_until
 
 VLLM = (Path(__file__).parent / "fixtures" / "vllm-0.33-metrics.txt").read_bytes()
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -50,6 +55,37 @@ def test_the_engines_text_passes_through_unchanged_with_its_content_type_and_the
     assert str(seen[0].url) == "http://127.0.0.1:8001/metrics"
     assert seen[0].headers["accept"].startswith("application/openmetrics-text")
     assert "authorization" not in seen[0].headers  # the scraper's credentials are for the agent only
+
+
+def test_on_the_agents_own_client_the_pass_through_shares_the_scrapes_kept_connection() -> None:
+    app = FastAPI()
+    accepts: list[str] = []
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        accepts.append(request.headers.get("accept", ""))
+        return Response(VLLM, media_type=TEXT)
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 10, what="engine stand-in")
+
+    async def run() -> tuple[list[Proxied], int]:
+        async with scrape_client() as client:
+            got = [await fetch_engine_metrics(client, f"http://127.0.0.1:{port}", {"Accept": accept}, 5.0)
+                   for accept in ("application/openmetrics-text;version=1.0.0", "text/plain")]
+            return got, client.plain.connections_opened
+
+    try:
+        proxied, opened = asyncio.run(run())
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert [(p.status, p.body, p.content_type) for p in proxied] == [(200, VLLM, TEXT)] * 2
+    assert accepts == ["application/openmetrics-text;version=1.0.0", "text/plain"]
+    assert opened == 1
 
 
 def test_an_engine_that_does_not_answer_is_a_503_naming_it_and_an_unknown_replica_a_404() -> None:
