@@ -64,6 +64,9 @@ MAX_REPORT_EVENTS = 1000
 # Four tokens: the canary goes through decode steps as well as a prefill, as users' requests do; the three more
 # cost about 0.04 % of a core at the default intervals (bench/README.md).
 CANARY_PROMPT, CANARY_TOKENS = "ping", 4
+# Once a canary's first token is in, its other three (a few decode steps: ~5-30 ms) and [DONE] are read together
+# after this long rather than each as it comes; a slower answer is read on as it arrives (bench/README.md).
+CANARY_GATHER_SECONDS = 0.05
 
 
 class Agent:
@@ -264,7 +267,7 @@ class Agent:
             self._canary_requests[replica.spec.name] = (replica.model_name, request)
         result = await stream_completion(client, replica.spec.base_url, replica.model_name, CANARY_PROMPT,
                                          CANARY_TOKENS, self.config.canary_timeout, asyncio.get_running_loop().time,
-                                         request=request)
+                                         request=request, gather_seconds=CANARY_GATHER_SECONDS)
         replica.canary_ok, replica.canary_ttft = result.ok, result.ttft_seconds
         if result.ok:
             return CanaryEvidence(ok=True)

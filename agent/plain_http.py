@@ -180,6 +180,22 @@ class _StreamedBody(httpx.AsyncByteStream):
                 return
             yield part
 
+    async def gather(self, seconds: float) -> None:
+        """Let the rest of the body collect in the socket for ``seconds``, then read on: what came meanwhile is
+        read in one go. Each part read as it arrives wakes the agent (a canary's answer is a head and one event
+        per token, then ``[DONE]``); a caller that only waits for the end of the body need not read them one by
+        one. Nothing is lost: a body not whole by then is read as it arrives, before the same deadline."""
+        transport = self.conn[1].transport
+        if (self.done or not isinstance(transport, asyncio.ReadTransport) or transport.is_closing()
+                or not transport.is_reading()):
+            return  # ended, going, or paused by its reader's own limit: that pause is the reader's to end
+        transport.pause_reading()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            if not transport.is_closing():
+                transport.resume_reading()
+
     async def aclose(self) -> None:
         if self.closed:
             return

@@ -80,24 +80,33 @@ async def _sse_lines(parts: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]
         yield pending.rstrip(b"\r")
 
 
-async def _open_stream(client: httpx.AsyncClient,
-                       request: httpx.Request) -> tuple[int, AsyncIterable[bytes], Callable[[], Awaitable[None]]]:
+@dataclass(frozen=True)
+class _Opened:
+    status: int
+    parts: AsyncIterable[bytes]
+    close: Callable[[], Awaitable[None]]
+    # Lets the rest of the body collect before it is read (``_StreamedBody.gather``); None: read as it arrives.
+    gather: Callable[[float], Awaitable[None]] | None = None
+
+
+async def _open_stream(client: httpx.AsyncClient, request: httpx.Request) -> _Opened:
     """The status, the body as it arrives and what closes it: on the agent's lean transport directly (the canary
     runs every interval on every replica: httpx's layers around the transport were a fifth of it), else through
     ``client``."""
     lean = lean_transport(client, str(request.url))
     if lean is not None:
         status, body = await lean.stream(prepare(request))
-        return status, body, body.aclose
+        return _Opened(status, body, body.aclose, body.gather)
     response = await client.send(request, stream=True)
-    return response.status_code, response.aiter_bytes(), response.aclose
+    return _Opened(response.status_code, response.aiter_bytes(), response.aclose)
 
 
 async def stream_completion(client: httpx.AsyncClient, base_url: str, model: str, prompt: str, max_tokens: int,
                             request_timeout: float, clock: Callable[[], float], *,
-                            request: httpx.Request | None = None) -> CompletionResult:
+                            request: httpx.Request | None = None, gather_seconds: float = 0.0) -> CompletionResult:
     """One streaming completion with a deadline for the whole of it; TTFT is the time to the first data chunk.
     ``request``: the one ``completion_request`` built for these arguments, when the caller keeps it.
+    ``gather_seconds``: after the first token, how long the rest may collect before it is read (0: as it comes).
 
     The deadline covers the request end to end, not each read: a wedged vLLM accepts the request and then
     sends nothing (vLLM #39863), and a per-read timeout alone would also let a trickle of bytes run forever."""
@@ -105,14 +114,14 @@ async def stream_completion(client: httpx.AsyncClient, base_url: str, model: str
         request = completion_request(client, base_url, model, prompt, max_tokens, request_timeout)
     started = clock()
     ttft = None
-    close: Callable[[], Awaitable[None]] | None = None
+    opened: _Opened | None = None
     try:
         async with asyncio.timeout(request_timeout):
-            status, parts, close = await _open_stream(client, request)
-            if status != 200:
-                said = b"".join([part async for part in parts]).decode("utf-8", "replace")
-                return CompletionResult(False, error=f"HTTP {status}: {said[:200]}")
-            async with contextlib.aclosing(_sse_lines(parts)) as lines:
+            opened = await _open_stream(client, request)
+            if opened.status != 200:
+                said = b"".join([part async for part in opened.parts]).decode("utf-8", "replace")
+                return CompletionResult(False, error=f"HTTP {opened.status}: {said[:200]}")
+            async with contextlib.aclosing(_sse_lines(opened.parts)) as lines:
                 async for line in lines:
                     if not line.startswith(b"data:"):
                         continue
@@ -124,13 +133,17 @@ async def stream_completion(client: httpx.AsyncClient, base_url: str, model: str
                         if "error" in chunk:
                             return CompletionResult(False, None, str(chunk["error"])[:200])
                         ttft = clock() - started
+                        if opened.gather is not None and gather_seconds > 0:
+                            # TTFT is measured; the rest is only waited for: its events read together, not
+                            # each as it comes (a few loop wakeups fewer per canary).
+                            await opened.gather(gather_seconds)
     except TimeoutError:
         return CompletionResult(False, ttft, f"no completion within {request_timeout:g}s")
     except (httpx.HTTPError, ValueError) as exc:
         return CompletionResult(False, ttft, f"{type(exc).__name__}: {exc}"[:300])
     finally:
-        if close is not None:
-            await close()
+        if opened is not None:
+            await opened.close()
     return CompletionResult(False, ttft, "stream ended without [DONE]")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -12,7 +13,9 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
+from agent.lean_client import scrape_client
 from agent.plain_http import STREAM, BodyTooLarge, PlainHttpTransport
+from agent.probes import CompletionResult, completion_request, stream_completion
 from tests.helpers import free_port, wait_until
 
 BODY = "vllm:num_requests_running 3\n" * 2000
@@ -49,6 +52,17 @@ def make_app() -> FastAPI:
             yield "data: first\n\n"
             released = await asyncio.to_thread(RELEASED.wait, 10)
             yield "data: second\n\n" if released else "data: late\n\n"
+        return StreamingResponse(parts(), media_type="text/event-stream")  # type: ignore[arg-type]
+
+    @app.post("/v1/completions")
+    async def tokens(request: Request) -> StreamingResponse:
+        gap = float(request.query_params.get("gap", "0.01"))
+
+        async def parts() -> object:
+            for i in range(4):  # one event per token, as vLLM streams them
+                yield f'data: {{"choices": [{{"text": "t{i}"}}]}}\n\n'
+                await asyncio.sleep(gap)
+            yield "data: [DONE]\n\n"
         return StreamingResponse(parts(), media_type="text/event-stream")  # type: ignore[arg-type]
 
     @app.post("/echo")
@@ -188,3 +202,36 @@ def test_a_streamed_body_left_unread_closes_its_connection(server: str) -> None:
         return transport.connections_opened
 
     assert asyncio.run(scenario()) == 2  # the half-read connection was not reused
+
+
+def test_a_canary_gathers_the_rest_of_its_answer_in_one_read_after_the_first_token(
+        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+    feed = asyncio.StreamReader.feed_data
+
+    def counted(self: asyncio.StreamReader, data: bytes) -> None:
+        reads.append(len(data))
+        feed(self, data)
+
+    monkeypatch.setattr(asyncio.StreamReader, "feed_data", counted)
+
+    async def canary(gap: float, gather: float, limit: float = 5.0) -> tuple[CompletionResult, int, int]:
+        async with scrape_client() as client:
+            request = completion_request(client, server, "m", "ping", 4, limit)
+            request.url = request.url.copy_with(query=f"gap={gap}".encode())
+            reads.clear()
+            result = await stream_completion(client, server, "m", "ping", 4, limit, time.monotonic,
+                                             request=request, gather_seconds=gather)
+            return result, len(reads), client.plain.connections_opened
+
+    gathered, gathered_reads, opened = asyncio.run(canary(0.01, 0.2))
+    one_by_one, plain_reads, _ = asyncio.run(canary(0.01, 0.0))
+    assert gathered.ok and one_by_one.ok and gathered.ttft_seconds is not None
+    assert gathered.ttft_seconds < 0.2  # TTFT is still the first token, not the end of the gathering
+    assert plain_reads >= 5 and gathered_reads <= 3  # head, first token, then the rest at once
+    assert opened == 1  # read to its end: the connection is kept
+    # An answer slower than the window is read on as it arrives, whole, before the same deadline.
+    slow, _, _ = asyncio.run(canary(0.15, 0.05))
+    assert slow.ok
+    late, _, _ = asyncio.run(canary(0.5, 0.05, limit=1.0))
+    assert not late.ok and late.error == "no completion within 1s" and late.ttft_seconds is not None
