@@ -29,9 +29,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Literal
 
-from agent.prom_lines import PromTextError, SampleSelector, SeriesError
+from agent.prom_lines import PromTextError, SampleSelector, SeriesError, Shape
 from agent.quantiles import bucket_delta, quantile
 from agent.wire import EngineSample, bounded
 
@@ -105,48 +106,112 @@ def parse_metrics(text: str, at: float, model: str | None = None) -> EngineSnaps
     streaming the same lines without end read 3,679,000 requests running): both are a ``MetricsParseError``.
 
     Only the table's sample lines are parsed (``agent.prom_lines``): at a 1 s scrape of 8 engines,
-    prometheus_client's full parser was the agent's largest CPU cost."""
+    prometheus_client's full parser was the agent's largest CPU cost. Which line goes into which figure is
+    worked out once per shape of body (``_Plan``): an engine sends the same series scrape after scrape, only
+    their values change, so a scrape is then a regular-expression pass, a float per line and the sums."""
     try:
-        samples = _SELECTOR.select(text)
+        shaped = _SELECTOR.shaped(text)
+        if shaped is None:  # a line only the exact parser reads (a float timestamp, say): planned afresh
+            samples = _SELECTOR.select(text)
+            values: list[float] = []
+            indexed: dict[str, list[tuple[dict[str, str], int]]] = {}
+            for name, found in samples.items():
+                for labels, value in found:
+                    indexed.setdefault(name, []).append((labels, len(values)))
+                    values.append(value)
+            plan = _Plan.build(indexed, model)
+        else:
+            shape, values = shaped
+            plan = _plan_for(shape, model)
     except SeriesError as exc:
         raise MetricsParseError(f"engine /metrics refused: {exc}") from exc
     except PromTextError as exc:
         raise MetricsParseError(f"unparsable /metrics: {exc}") from exc
-    if not samples:
+    if not values:
         raise MetricsParseError("unparsable /metrics: none of the vllm: series the agent reads")
+    return plan.apply(values, at)
 
-    def rows(name: str, metric: EngineMetric) -> list[tuple[dict[str, str], float]]:
-        out = [(lb, v) for lb, v in samples.get(name, []) if model is None or lb.get("model_name", model) == model]
-        if metric.label is not None:
-            label, allowed = metric.label
-            out = [(lb, v) for lb, v in out if lb.get(label) in allowed]
-        return out
 
-    snap = EngineSnapshot(at=at)
-    for metric in ENGINE_METRICS:
-        if metric.kind == "histogram":
-            for base in metric.names:
-                buckets: dict[float, float] = defaultdict(float)
-                for labels, value in rows(base + "_bucket", metric):
-                    try:
-                        buckets[_le(labels.get("le", "+Inf"))] += value
-                    except ValueError as exc:
-                        raise MetricsParseError(f"bad bucket bound in {base}: {exc}") from exc
-                if buckets:
-                    snap.histograms[metric.key] = dict(buckets)
-                    break
-            continue
-        for name in metric.names:
-            if name not in samples:
+Indices = tuple[int, ...]
+
+
+@dataclass
+class _Plan:
+    """Which of a body's wanted samples (by position) make each figure of the table."""
+
+    scalars: tuple[tuple[str, bool, Indices], ...]  # key, whether the largest (gauge-max) or the sum
+    histograms: tuple[tuple[str, tuple[tuple[float, Indices], ...]], ...]  # key, (le, samples) per bucket
+
+    @classmethod
+    def build(cls, indexed: dict[str, list[tuple[dict[str, str], int]]], model: str | None) -> _Plan:
+        """The plan for samples grouped by name, each as (labels, position); ``MetricsParseError`` for a bucket
+        bound that is no number."""
+        def rows(name: str, metric: EngineMetric) -> list[tuple[dict[str, str], int]]:
+            out = [(lb, i) for lb, i in indexed.get(name, []) if model is None or lb.get("model_name", model) == model]
+            if metric.label is not None:
+                label, allowed = metric.label
+                out = [(lb, i) for lb, i in out if lb.get(label) in allowed]
+            return out
+
+        scalars: list[tuple[str, bool, Indices]] = []
+        histograms: list[tuple[str, tuple[tuple[float, Indices], ...]]] = []
+        for metric in ENGINE_METRICS:
+            if metric.kind == "histogram":
+                for base in metric.names:
+                    buckets: dict[float, list[int]] = defaultdict(list)
+                    for labels, i in rows(base + "_bucket", metric):
+                        try:
+                            buckets[_le(labels.get("le", "+Inf"))].append(i)
+                        except ValueError as exc:
+                            raise MetricsParseError(f"bad bucket bound in {base}: {exc}") from exc
+                    if buckets:
+                        histograms.append((metric.key, tuple((le, tuple(ix)) for le, ix in buckets.items())))
+                        break
                 continue
-            found = rows(name, metric)
-            values = [v for _, v in found]
-            if metric.kind == "gauge-max":
-                snap.values[metric.key] = max(values, default=0.0)
+            for name in metric.names:
+                if name in indexed:
+                    scalars.append((metric.key, metric.kind == "gauge-max", tuple(i for _, i in rows(name, metric))))
+                    break
+        return cls(tuple(scalars), tuple(histograms))
+
+    def __post_init__(self) -> None:
+        # One engine (the usual case): each bucket is one sample, read with one C call per histogram.
+        self._simple = {key: (tuple(le for le, _ in buckets), itemgetter(*(ix[0] for _, ix in buckets)))
+                        for key, buckets in self.histograms
+                        if len(buckets) > 1 and all(len(ix) == 1 for _, ix in buckets)}
+
+    def apply(self, values: list[float], at: float) -> EngineSnapshot:
+        snap = EngineSnapshot(at=at)
+        for key, largest, indices in self.scalars:
+            if len(indices) == 1:
+                snap.values[key] = values[indices[0]]
+                continue
+            picked = [values[i] for i in indices]
+            snap.values[key] = max(picked, default=0.0) if largest else sum(picked)
+        for key, buckets in self.histograms:
+            simple = self._simple.get(key)
+            if simple is not None:
+                snap.histograms[key] = dict(zip(simple[0], simple[1](values), strict=True))
             else:
-                snap.values[metric.key] = sum(values)
-            break
-    return snap
+                snap.histograms[key] = {le: sum([values[i] for i in indices]) for le, indices in buckets}
+        return snap
+
+
+_PLANS: dict[tuple[Shape, str | None], _Plan] = {}
+_MAX_PLANS = 64  # one per kind of engine and model; bounded all the same
+
+
+def _plan_for(shape: Shape, model: str | None) -> _Plan:
+    plan = _PLANS.get((shape, model))
+    if plan is None:
+        indexed: dict[str, list[tuple[dict[str, str], int]]] = {}
+        for i, (name, block) in enumerate(shape):
+            indexed.setdefault(name, []).append((_SELECTOR.labels_of(block), i))
+        plan = _Plan.build(indexed, model)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[(shape, model)] = plan
+    return plan
 
 
 def _rate(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None) -> float | None:

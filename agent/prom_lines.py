@@ -22,6 +22,9 @@ import re
 from collections.abc import Collection
 
 Sample = tuple[dict[str, str], float]
+# The wanted samples of one body as (name, label block) pairs in the body's order: what stays the same between
+# two scrapes of one engine.
+Shape = tuple[tuple[str, str], ...]
 
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"\s*(?:,|$)')
 _NAME_END = re.compile(r"[{\s]")
@@ -137,6 +140,8 @@ class SampleSelector:
         # shorter than this cannot hold more than ``max_samples`` of them.
         self._line_start = "\n" + prefix
         self._countless = max_samples * (min((len(n) for n in names), default=0) + 3)
+        self._shapes: set[Shape] = set()  # the shapes ``shaped`` has checked: one per kind of engine, bounded
+        self.max_shapes = 64
 
     def select(self, text: str) -> dict[str, list[Sample]]:
         """The samples of the wanted names in exposition ``text``; other lines are never parsed.
@@ -152,6 +157,37 @@ class SampleSelector:
                 raise SeriesError(f"more than {self.max_samples} samples of the series read (an engine sends "
                                   f"about 80)")
         return self._read(text)
+
+    def shaped(self, text: str) -> tuple[Shape, list[float]] | None:
+        """The wanted samples as their shape (each one's name and label block, in the body's order) and their
+        values, for a reader that turns a shape it has read before into figures without parsing it again
+        (``agent.engine_metrics``): between two scrapes of one engine only the values change. A shape is
+        returned only once ``select`` took a body of that shape (its labels parsed, no series twice), so the
+        same refusals hold. None where the fast form does not take every wanted line: ``select`` reads it."""
+        body = "\n" + text
+        if len(body) > self._countless and body.count(self._line_start) > self.max_samples:
+            self.select(text)  # raises: more than the bound (or a series twice, said first)
+        found = self._samples.findall(body)
+        if len(found) != len(self._lines.findall(body)):
+            return None
+        shape = tuple([(name, block) for name, block, _ in found])
+        if shape not in self._shapes:
+            # What ``select`` refuses (labels it cannot read, a series twice) is a matter of the shape alone.
+            self._read(body)
+            if len(self._shapes) >= self.max_shapes:
+                self._shapes.clear()
+            self._shapes.add(shape)
+        try:
+            values = list(map(float, [value for _, _, value in found]))  # float() reads +Inf, -Inf and NaN too
+        except ValueError:
+            self._read(body)  # raises, naming the line
+            raise
+        return shape, values
+
+    def labels_of(self, block: str) -> dict[str, str]:
+        """The labels of a label block of a shape ``shaped`` returned (``{...}``, or "" for none)."""
+        cached = self._labels.get(block)
+        return cached[0] if cached is not None else (_labels(block[1:-1], block) if block else {})
 
     def _read(self, text: str) -> dict[str, list[Sample]]:
         found = self._samples.findall(text)

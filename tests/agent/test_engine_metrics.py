@@ -150,3 +150,37 @@ def test_an_engine_printing_nan_inf_or_negative_numbers_gives_unknowns_not_a_ref
     assert (sample.requests_running, sample.requests_waiting, sample.kv_cache_usage_ratio) == (None, None, None)
     assert sample.generation_tokens_total == 400  # what is a reading stays one
     EngineSample.model_validate(sample.model_dump())  # and the whole sample is one the wire accepts
+
+
+def test_a_body_of_a_shape_read_before_gives_its_new_values_and_a_new_shape_is_read_afresh() -> None:
+    # An engine sends the same series every scrape: the second body reuses what the first one's lines were.
+    first = parse_metrics(render(generation_tokens=10, success={"stop": 2}, ttft=[0.03]), 0.0)
+    again = parse_metrics(render(generation_tokens=17, success={"stop": 3}, ttft=[0.03, 0.3]), 1.0)
+    assert (first.values["generation_tokens"], again.values["generation_tokens"]) == (10, 17)
+    assert (first.values["requests"], again.values["requests"]) == (2, 3)
+    assert (first.histograms["ttft"][0.04], again.histograms["ttft"][0.04]) == (1, 1)
+    assert again.histograms["ttft"][float("inf")] == 2
+    # A finished reason that appears for the first time is a new series, hence a new shape: counted.
+    errored = parse_metrics(render(generation_tokens=17, success={"stop": 3, "error": 2}), 2.0)
+    assert (errored.values["requests"], errored.values["errors"]) == (5, 2)
+    # The same shape read for another model picks that model's lines only.
+    assert parse_metrics(render("m", generation_tokens=5), 3.0, model="other").values["generation_tokens"] == 0
+
+
+def test_a_line_only_the_exact_parser_reads_gives_the_same_figures() -> None:
+    text = render(generation_tokens=42, running=3, success={"stop": 7, "abort": 1}, itl=[0.02, 0.2])
+    # A float timestamp on every sample: the fast form leaves those lines to the exact parser.
+    stamped = "\n".join(line if line.startswith("#") or not line else f"{line} 1700000000.5"
+                        for line in text.splitlines())
+    fast, exact = parse_metrics(text, 0.0), parse_metrics(stamped, 0.0)
+    assert exact.values == fast.values and exact.histograms == fast.histograms
+    assert exact.values["errors"] == 1 and exact.values["running"] == 3
+
+
+def test_a_bad_value_in_a_body_of_a_known_shape_is_still_an_error_naming_the_line() -> None:
+    parse_metrics(render(generation_tokens=1), 0.0)
+    line = 'vllm:generation_tokens_total{engine="0",model_name="m"} 1.0'
+    broken = render(generation_tokens=1).replace(line, line + ".0")
+    assert broken != render(generation_tokens=1)
+    with pytest.raises(MetricsParseError, match="generation_tokens_total"):
+        parse_metrics(broken, 1.0)
