@@ -19,7 +19,9 @@ import asyncio
 import contextlib
 import json
 import socket
+import time
 from collections.abc import Awaitable, Callable, Generator, MutableMapping
+from email.utils import formatdate
 from typing import Any, Protocol
 
 import httpx
@@ -53,10 +55,24 @@ class AgentView(Protocol):
         ...
 
 
+_date: list[tuple[int, bytes]] = [(0, b"")]  # the second the Date header was last made for, and the header
+
+
+def http_date(now: float) -> bytes:
+    """The Date header for ``now``, made once per second and only when something is answered: uvicorn's own is
+    brought up to date by a tick every second, even with nothing to answer (``EmbeddedServer``)."""
+    second = int(now)
+    made_for, value = _date[0]
+    if second != made_for:
+        value = formatdate(second, usegmt=True).encode()
+        _date[0] = (second, value)
+    return value
+
+
 async def _answer(send: Send, status: int, body: bytes, content_type: str, head: bool = False,
                   extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     headers = [(b"content-type", content_type.encode("latin-1")), (b"content-length", str(len(body)).encode()),
-               *extra]
+               (b"date", http_date(time.time())), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": b"" if head else body})
 
@@ -123,6 +139,12 @@ def create_app(view: AgentView, engine_client: httpx.AsyncClient | None = None) 
     return app
 
 
+def server_config(app: AsgiApp, host: str, port: int) -> uvicorn.Config:
+    """The agent's HTTP server: quiet, no lifespan, and no Date header of uvicorn's (the app sends one)."""
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False,
+                          date_header=False)
+
+
 class EmbeddedServer(uvicorn.Server):
     """uvicorn without its own signal handlers: the agent owns SIGINT/SIGTERM (it must stop engines first)."""
 
@@ -136,12 +158,12 @@ class EmbeddedServer(uvicorn.Server):
         self._exit.set()
 
     async def main_loop(self) -> None:
-        """uvicorn's loop looks at ``should_exit`` ten times a second: on an idle agent those wakeups were most
-        of its CPU. This one wakes once a second, when the Date header it sends moves on, or at once on ``exit``."""
-        while not await self.on_tick(0):  # tick 0: the Date header is brought up to date
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await self._exit.wait()
+        """uvicorn's loop looks at ``should_exit`` ten times a second and makes its Date header every second: on
+        an idle agent those wakeups were most of its CPU, and once a second they were still a twentieth of it at
+        the default intervals. This one waits for ``exit``; the app sends its own Date (``http_date``), so
+        uvicorn's is off (``date_header=False`` in ``server_config``)."""
+        await self.on_tick(0)  # the default headers, without a Date
+        await self._exit.wait()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:

@@ -21,10 +21,9 @@ from datetime import datetime
 
 import httpx
 import psutil
-import uvicorn
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from agent.api import EmbeddedServer, create_app
+from agent.api import EmbeddedServer, create_app, server_config
 from agent.attached import AttachedReplica
 from agent.config import AgentConfig
 from agent.desired import DesiredStore, plan_wants
@@ -360,8 +359,7 @@ class Agent:
         if saved is not None:
             self.apply_desired(saved)
         app = create_app(self, engine_client=self.scrape_client)
-        server = EmbeddedServer(uvicorn.Config(app, host=self.config.host, port=self.config.port,
-                                                log_level="warning", lifespan="off", access_log=False))
+        server = EmbeddedServer(server_config(app, self.config.host, self.config.port))
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(r.run(), name=f"replica-{n}") for n, r in self.replicas.items()]
             tg.create_task(self._collect_loop(stop), name="collector")

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
+from email.utils import formatdate, parsedate_to_datetime
 
+import httpx
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.api import create_app
+from agent.api import EmbeddedServer, create_app, http_date, server_config
 from agent.exporter import AgentCollector, ExportState
 from agent.wire import ReplicaState, ReplicaStatus
+from tests.helpers import free_port
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -71,3 +75,29 @@ def test_replica_json_is_the_wire_model_as_the_control_plane_reads_it() -> None:
     assert client.get("/v1/replicas").json() == [r.model_dump(mode="json") for r in agent.replicas]
     assert client.get("/v1/replicas/up").json() == agent.replicas[0].model_dump(mode="json")
     assert client.get("/v1/replicas/up").headers["content-type"] == "application/json"
+
+
+def test_the_server_sends_one_date_header_and_needs_no_tick_to_stop() -> None:
+    # uvicorn's own Date header is kept fresh by a tick every second; the agent's app makes its own instead, so
+    # an idle agent's server does not wake at all.
+    async def scenario() -> tuple[list[str], int]:
+        port = free_port()
+        server = EmbeddedServer(server_config(create_app(FakeAgent()), "127.0.0.1", port))
+        serving = asyncio.create_task(server.serve())
+        await asyncio.wait_for(server.listening.wait(), 10)
+        async with httpx.AsyncClient() as client:
+            answer = await client.get(f"http://127.0.0.1:{port}/v1/replicas/up/ready")
+        server.exit()
+        await asyncio.wait_for(serving, 10)
+        return answer.headers.get_list("date"), answer.status_code
+
+    dates, status = asyncio.run(scenario())
+    assert status == 200 and len(dates) == 1
+    assert parsedate_to_datetime(dates[0]).tzinfo is not None
+
+
+def test_the_date_header_is_made_once_a_second() -> None:
+    first = http_date(1_800_000_000.2)
+    assert http_date(1_800_000_000.9) is first
+    assert first == formatdate(1_800_000_000, usegmt=True).encode() == b"Fri, 15 Jan 2027 08:00:00 GMT"
+    assert http_date(1_800_000_001.0) == b"Fri, 15 Jan 2027 08:00:01 GMT"
