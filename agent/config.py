@@ -147,9 +147,10 @@ class AgentConfig(_Strict):
     control_plane_pin_sha256: str | None = None
     report_interval: float = Field(default=5.0, gt=0)
     scrape_interval: float = Field(default=5.0, gt=0)
-    # Process trees (RSS, CPU, threads, fds) at most this often: leaks grow over minutes, and each sample reads
-    # several /proc files per process. A new engine is sampled at once.
-    process_interval: float = Field(default=5.0, gt=0)
+    # Process trees (RSS, CPU, threads, fds) at most this often: leaks grow over minutes (the leak policies want
+    # 9 minutes of samples), and each sample reads several /proc files per process (four per vLLM engine), so
+    # 15 s, Prometheus's own interval: a new engine is sampled at once.
+    process_interval: float = Field(default=15.0, gt=0)
     gpu_backend: Literal["auto", "nvml", "sim", "recorded"] = "auto"
     sim_gpu_dir: Path = Path("./.pitstop/simgpu")
     sim_gpu_count: int = Field(default=1, ge=0, le=64)
