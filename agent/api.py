@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import socket
 import time
@@ -55,18 +56,15 @@ class AgentView(Protocol):
         ...
 
 
-_date: list[tuple[int, bytes]] = [(0, b"")]  # the second the Date header was last made for, and the header
-
-
 def http_date(now: float) -> bytes:
     """The Date header for ``now``, made once per second and only when something is answered: uvicorn's own is
     brought up to date by a tick every second, even with nothing to answer (``EmbeddedServer``)."""
-    second = int(now)
-    made_for, value = _date[0]
-    if second != made_for:
-        value = formatdate(second, usegmt=True).encode()
-        _date[0] = (second, value)
-    return value
+    return _http_date(int(now))
+
+
+@functools.lru_cache(maxsize=1)
+def _http_date(second: int) -> bytes:
+    return formatdate(second, usegmt=True).encode()
 
 
 async def _answer(send: Send, status: int, body: bytes, content_type: str, head: bool = False,

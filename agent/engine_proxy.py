@@ -20,6 +20,8 @@ from agent.plain_http import MAX_BODY_BYTES, BodyTooLarge, body_too_large, prepa
 # Prometheus's default scrape timeout; it sends its own in X-Prometheus-Scrape-Timeout-Seconds.
 DEFAULT_TIMEOUT = 10.0
 _PASSED_HEADERS = ("accept",)
+# What an engine's body is taken for when it names no content type: Prometheus's text format.
+_TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,11 @@ async def fetch_engine_metrics(client: httpx.AsyncClient, base_url: str, headers
         if lean is not None and lean.max_body_bytes <= max_bytes:
             # Straight to the agent's transport, on the scrapes' kept connections (the same cap, read as it comes).
             reply = await lean.fetch(prepare(client.build_request("GET", url, headers=forward, timeout=within)))
-            content_type = reply.headers.get("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            content_type = reply.headers.get("content-type", _TEXT_FORMAT)
             return Proxied(reply.status, reply.body, content_type)
         async with client.stream("GET", url, headers=forward, timeout=within) as response:
             body = await read_capped(response, max_bytes)
-            content_type = response.headers.get("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            content_type = response.headers.get("content-type", _TEXT_FORMAT)
             return Proxied(response.status_code, body, content_type)
     except BodyTooLarge as exc:  # refused while read, by ``read_capped``
         return _refusal(502, f"engine /metrics {exc}")
