@@ -19,10 +19,12 @@ from pathlib import Path
 import psutil
 
 from agent.engine_log import EngineLog, open_for_engine
+from agent.ticks import until_tick
 
 log = logging.getLogger(__name__)
-# Seconds between looks at the log's size: a stat each, so cheap, but each is a wakeup of the agent per engine;
-# at 5 s an engine logging 1 MB/s passes its cap (``log_max_bytes``, 10 MiB) by at most 5 MB before it rotates.
+# Seconds between looks at the log's size: a stat each, every engine's on the same tick (one wakeup, that of the
+# collector at the default scrape interval); at 5 s an engine logging 1 MB/s passes its cap (``log_max_bytes``,
+# 10 MiB) by at most 5 MB before it rotates.
 LOG_CHECK_INTERVAL = 5.0
 
 
@@ -107,8 +109,9 @@ class EngineProcess:
 
     async def _keep_log(self, interval: float) -> None:
         """Rotate the log when it passes its cap: a stat every ``interval`` seconds, a copy once per rotation."""
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(until_tick(loop.time(), interval))  # with every other engine's (agent.ticks)
             try:
                 self.log.check()
                 self._rotation_error = None

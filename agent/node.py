@@ -40,6 +40,7 @@ from agent.scrape import EngineScraper
 from agent.stackdump import StackDumper, find_py_spy
 from agent.states import utc_now
 from agent.supervisor import ReplicaSupervisor
+from agent.ticks import until_tick
 from agent.wire import (
     PROTOCOL_VERSION,
     DesiredState,
@@ -275,9 +276,11 @@ class Agent:
         return CanaryEvidence(ok=False, tokens_before=before, tokens_after=after, error=result.error)
 
     async def _collect_loop(self, stop: asyncio.Event) -> None:
+        # On the ticks of the interval (agent.ticks): the same wakeup as every engine's log check at the defaults,
+        # and no drift of the pass's own length added to every interval.
         while not stop.is_set():
             await self.collect_once()
-            await _wait(stop, self.config.scrape_interval)
+            await _wait(stop, until_tick(_loop_time(), self.config.scrape_interval))
 
     # ---- reporting --------------------------------------------------------------------------------------
     def build_report(self) -> NodeReport:

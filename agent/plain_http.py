@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from agent.ticks import until_tick
+
 _MAX_HEADER_BYTES = 64 * 1024
 # vLLM's full /metrics is ~70 kB; a multi-LoRA engine's a few hundred kB. Far past any honest body, and small
 # enough that eight engines read at once cannot hurt the agent.
@@ -166,32 +168,39 @@ class _StreamedBody(httpx.AsyncByteStream):
         self.parts = _chunks(conn[0], headers, transport.max_body_bytes, self.done)
         self.closed = False
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        while True:
-            try:
-                async with asyncio.timeout_at(self.deadline):
-                    part = await anext(self.parts, None)
-            except TimeoutError as exc:
-                raise httpx.ReadTimeout("no whole answer before the request's deadline",
-                                        request=self.request) from exc
-            except _READ_ERRORS as exc:
-                raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=self.request) from exc
-            if part is None:
-                return
-            yield part
+    # An iterator of its own, not an async generator: a caller that stops at ``[DONE]`` leaves no generator for
+    # the loop to finalize (each such one is a wakeup through the loop's self-pipe and a task to close it).
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                part = await anext(self.parts, None)
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout("no whole answer before the request's deadline", request=self.request) from exc
+        except _READ_ERRORS as exc:
+            raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=self.request) from exc
+        if part is None:
+            raise StopAsyncIteration
+        return part
 
     async def gather(self, seconds: float) -> None:
-        """Let the rest of the body collect in the socket for ``seconds``, then read on: what came meanwhile is
-        read in one go. Each part read as it arrives wakes the agent (a canary's answer is a head and one event
-        per token, then ``[DONE]``); a caller that only waits for the end of the body need not read them one by
-        one. Nothing is lost: a body not whole by then is read as it arrives, before the same deadline."""
+        """Let the rest of the body collect in the socket for ``seconds`` (to the next tick of them past that),
+        then read on: what came meanwhile is read in one go. Each part read as it arrives wakes the agent (a
+        canary's answer is a head and one event per token, then ``[DONE]``); a caller that only waits for the end
+        of the body need not read them one by one. Nothing is lost: a body not whole by then is read as it
+        arrives, before the same deadline."""
         transport = self.conn[1].transport
         if (self.done or not isinstance(transport, asyncio.ReadTransport) or transport.is_closing()
                 or not transport.is_reading()):
             return  # ended, going, or paused by its reader's own limit: that pause is the reader's to end
         transport.pause_reading()
         try:
-            await asyncio.sleep(seconds)
+            # From ``seconds`` up to twice that, on their ticks (agent.ticks): the canaries of one round, whose first
+            # tokens come within a few milliseconds of each other, read the rest of their answers in one wakeup.
+            now = asyncio.get_running_loop().time()
+            await asyncio.sleep(seconds + until_tick(now + seconds, seconds))
         finally:
             if not transport.is_closing():
                 transport.resume_reading()

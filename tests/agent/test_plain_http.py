@@ -16,6 +16,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from agent.lean_client import scrape_client
 from agent.plain_http import STREAM, BodyTooLarge, PlainHttpTransport
 from agent.probes import CompletionResult, completion_request, stream_completion
+from agent.ticks import until_tick
 from tests.helpers import free_port, wait_until
 
 BODY = "vllm:num_requests_running 3\n" * 2000
@@ -235,3 +236,67 @@ def test_a_canary_gathers_the_rest_of_its_answer_in_one_read_after_the_first_tok
     assert slow.ok
     late, _, _ = asyncio.run(canary(0.5, 0.05, limit=1.0))
     assert not late.ok and late.error == "no completion within 1s" and late.ttft_seconds is not None
+
+
+def test_canaries_gathering_at_once_resume_on_the_same_tick(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The gather's sleep is recorded, not slept: where it ends on the loop's clock is what the test reads.
+    ends: list[float] = []
+    sleep = asyncio.sleep
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def recorded(delay: float, result: object = None) -> object:
+        loop = asyncio.get_running_loop()
+        if loop not in loops:  # the server's own sleeps, in its thread, are slept
+            return await sleep(delay, result)
+        ends.append(loop.time() + delay)
+        return await sleep(0, result)
+
+    async def two_canaries() -> list[CompletionResult]:
+        async with scrape_client() as client:
+            request = completion_request(client, server, "m", "ping", 4, 5.0)
+            loop = asyncio.get_running_loop()
+            # Sent just past a tick, so that both first tokens (a few milliseconds later) fall before the next one.
+            await asyncio.sleep(until_tick(loop.time(), 0.05) + 0.002)
+            loops.append(loop)
+            monkeypatch.setattr(asyncio, "sleep", recorded)
+            try:
+                return list(await asyncio.gather(*(
+                    stream_completion(client, server, "m", "ping", 4, 5.0, time.monotonic, request=request,
+                                      gather_seconds=0.05) for _ in range(2))))
+            finally:
+                monkeypatch.setattr(asyncio, "sleep", sleep)
+
+    results = asyncio.run(two_canaries())
+    assert all(r.ok for r in results)
+    assert len(ends) == 2
+    # On a tick of the gather (to within the microseconds between reading the clock and sleeping), the same one
+    # for both: one wakeup for all of them.
+    (tick,) = {round(end / 0.05) for end in ends}
+    assert all(abs(end - 0.05 * tick) < 1e-3 for end in ends)
+
+
+def test_a_canary_that_stops_at_done_leaves_nothing_for_the_loop_to_finalize(server: str) -> None:
+    # An async generator dropped unfinished is closed by the loop through its self-pipe: a wakeup per canary.
+    async def canaries() -> tuple[list[CompletionResult], int]:
+        loop = asyncio.get_running_loop()
+        woken = 0
+        wake = loop._write_to_self  # type: ignore[attr-defined]
+
+        def counted() -> None:
+            nonlocal woken
+            woken += 1
+            wake()
+
+        async with scrape_client() as client:
+            request = completion_request(client, server, "m", "ping", 4, 5.0)
+            loop._write_to_self = counted  # type: ignore[attr-defined]
+            results = []
+            for gather in (0.0, 0.05, 0.0):
+                results.append(await stream_completion(client, server, "m", "ping", 4, 5.0, time.monotonic,
+                                                       request=request, gather_seconds=gather))
+                await asyncio.sleep(0.01)  # a dropped generator is finalized by now
+            return results, woken
+
+    results, woken = asyncio.run(canaries())
+    assert all(r.ok for r in results)
+    assert woken == 0
