@@ -125,6 +125,7 @@ class Agent:
         self.bound_port: int | None = None
         # Retry jitter: seeded per agent so a fleet restarted at once does not retry in step.
         self._rng = random.Random()
+        self._pass_done = asyncio.Event()  # set at the end of every collection pass
 
     # ---- views ------------------------------------------------------------------------------------------
     def statuses(self) -> list[ReplicaStatus]:
@@ -278,9 +279,13 @@ class Agent:
     async def _collect_loop(self, stop: asyncio.Event) -> None:
         # On the ticks of the interval (agent.ticks): the same wakeup as every engine's log check at the defaults,
         # and no drift of the pass's own length added to every interval.
-        while not stop.is_set():
-            await self.collect_once()
-            await _wait(stop, until_tick(_loop_time(), self.config.scrape_interval))
+        try:
+            while not stop.is_set():
+                await self.collect_once()
+                self._pass_done.set()  # the reporter's cue (``_until_next_report``)
+                await _wait(stop, until_tick(_loop_time(), self.config.scrape_interval))
+        finally:
+            self._pass_done.set()  # no more passes: a reporter waiting for one goes on at once
 
     # ---- reporting --------------------------------------------------------------------------------------
     def build_report(self) -> NodeReport:
@@ -353,7 +358,23 @@ class Agent:
                 log.info("control plane reachable again after %d failed reports", failures)
             failures, failing = 0, None
             interval = desired.report_interval_seconds or self.config.report_interval
+            await self._until_next_report(stop, interval)
+
+    async def _until_next_report(self, stop: asyncio.Event, interval: float) -> None:
+        """Wait out ``interval`` to the end of the collector's pass nearest it: the report then carries figures
+        read a moment ago, in the same wakeup as the pass (agent.ticks), rather than figures of any age up to a
+        scrape interval. A report due more often than the passes, or a pass that does not come (a GPU read
+        that hangs), waits on the clock: at most half a scrape interval late."""
+        scrape = self.config.scrape_interval
+        if interval < scrape or scrape <= 0:
             await _wait(stop, interval)
+            return
+        await _wait(stop, interval - scrape / 2)
+        if stop.is_set():
+            return
+        self._pass_done.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._pass_done.wait(), timeout=scrape)  # set at stop too
 
     # ---- lifecycle --------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
