@@ -137,10 +137,17 @@ def create_app(view: AgentView, engine_client: httpx.AsyncClient | None = None) 
     return app
 
 
+# How long the agent's server keeps an idle client connection: past Prometheus's usual scrape intervals (15-60 s),
+# so each scrape of /metrics and /engines/<name>/metrics reuses its connection. uvicorn's own 5 s closed it
+# between any two scrapes: a close and a new connection, two wakeups of the agent, per target per scrape.
+KEEP_ALIVE_SECONDS = 75
+
+
 def server_config(app: AsgiApp, host: str, port: int) -> uvicorn.Config:
-    """The agent's HTTP server: quiet, no lifespan, and no Date header of uvicorn's (the app sends one)."""
+    """The agent's HTTP server: quiet, no lifespan, no Date header of uvicorn's (the app sends one), and idle
+    connections kept past a scrape interval (``KEEP_ALIVE_SECONDS``)."""
     return uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False,
-                          date_header=False)
+                          date_header=False, timeout_keep_alive=KEEP_ALIVE_SECONDS)
 
 
 class EmbeddedServer(uvicorn.Server):

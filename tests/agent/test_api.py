@@ -7,12 +7,14 @@ from datetime import UTC, datetime
 from email.utils import formatdate, parsedate_to_datetime
 
 import httpx
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.api import EmbeddedServer, create_app, http_date, server_config
 from agent.exporter import AgentCollector, ExportState
+from agent.lean_client import scrape_client
 from agent.wire import ReplicaState, ReplicaStatus
 from tests.helpers import free_port
 
@@ -101,3 +103,25 @@ def test_the_date_header_is_made_once_a_second() -> None:
     assert http_date(1_800_000_000.9) is first
     assert first == formatdate(1_800_000_000, usegmt=True).encode() == b"Fri, 15 Jan 2027 08:00:00 GMT"
     assert http_date(1_800_000_001.0) == b"Fri, 15 Jan 2027 08:00:01 GMT"
+
+
+@pytest.mark.slow
+def test_an_idle_scrape_connection_is_kept_past_uvicorns_five_seconds() -> None:
+    # Prometheus scrapes every 15 s or so: with uvicorn's 5 s every scrape was a new connection (and a close).
+    async def scenario() -> tuple[int, int]:
+        port = free_port()
+        server = EmbeddedServer(server_config(create_app(FakeAgent()), "127.0.0.1", port))
+        serving = asyncio.create_task(server.serve())
+        await asyncio.wait_for(server.listening.wait(), 10)
+        try:
+            async with scrape_client() as client:
+                first = await client.get(f"http://127.0.0.1:{port}/v1/replicas/up/ready")
+                await asyncio.sleep(6)
+                second = await client.get(f"http://127.0.0.1:{port}/v1/replicas/up/ready")
+                return client.plain.connections_opened, first.status_code + second.status_code
+        finally:
+            server.exit()
+            await asyncio.wait_for(serving, 10)
+
+    opened, statuses = asyncio.run(scenario())
+    assert statuses == 400 and opened == 1
