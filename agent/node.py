@@ -345,6 +345,7 @@ class Agent:
         failing = None
         interval = self.config.report_interval
         while self.reporter is not None and not stop.is_set():
+            started = _loop_time()
             try:
                 desired = await self.report_once()
             except ReportError as exc:
@@ -358,16 +359,20 @@ class Agent:
                 log.info("control plane reachable again after %d failed reports", failures)
             failures, failing = 0, None
             interval = desired.report_interval_seconds or self.config.report_interval
-            await self._until_next_report(stop, interval)
+            # Due an interval after this report began, but never sooner than half an interval after a slow control
+            # plane answered it: a struggling one is not sent reports back to back.
+            await self._until_next_report(stop, max(started + interval, _loop_time() + interval / 2))
 
-    async def _until_next_report(self, stop: asyncio.Event, interval: float) -> None:
-        """Wait out ``interval`` to the end of the collector's pass nearest it: the report then carries figures
-        read a moment ago, in the same wakeup as the pass (agent.ticks), rather than figures of any age up to a
-        scrape interval. A report due more often than the passes, or a pass that does not come (a GPU read
-        that hangs), waits on the clock: at most half a scrape interval late."""
+    async def _until_next_report(self, stop: asyncio.Event, due: float) -> None:
+        """Wait until ``due`` (a loop time), to the end of the
+        collector's pass nearest it: the report then carries figures read a moment ago, in the same wakeup as
+        the pass (agent.ticks), rather than figures of any age up to a scrape interval. A report due more often
+        than the passes, or a pass that does not come (a GPU read that hangs), waits on the clock: at most half a
+        scrape interval late."""
         scrape = self.config.scrape_interval
-        if interval < scrape or scrape <= 0:
-            await _wait(stop, interval)
+        interval = due - _loop_time()
+        if scrape <= 0 or interval < scrape / 2:
+            await _wait(stop, max(0.0, interval))
             return
         await _wait(stop, interval - scrape / 2)
         if stop.is_set():
