@@ -364,11 +364,10 @@ class Agent:
             await self._until_next_report(stop, max(started + interval, _loop_time() + interval / 2))
 
     async def _until_next_report(self, stop: asyncio.Event, due: float) -> None:
-        """Wait until ``due`` (a loop time), to the end of the
-        collector's pass nearest it: the report then carries figures read a moment ago, in the same wakeup as
-        the pass (agent.ticks), rather than figures of any age up to a scrape interval. A report due more often
-        than the passes, or a pass that does not come (a GPU read that hangs), waits on the clock: at most half a
-        scrape interval late."""
+        """Wait until ``due`` (a loop time), to the end of the collector's pass nearest it: the report then carries
+        figures read a moment ago, in the same wakeup as the pass (agent.ticks), rather than figures of any age up
+        to a scrape interval. A report due more often than the passes, or a pass that does not come (a GPU read
+        that hangs), waits on the clock: at most half a scrape interval late."""
         scrape = self.config.scrape_interval
         interval = due - _loop_time()
         if scrape <= 0 or interval < scrape / 2:
