@@ -1,19 +1,22 @@
-"""A lean httpx transport for plain-HTTP GETs on keep-alive connections: the agent's engine scrapes.
+"""A lean httpx transport for plain-HTTP requests on keep-alive connections: the agent's engine scrapes,
+canaries and reports.
 
 At a 1 s interval with 8 engines the agent makes 8 scrapes a second; through httpx's default transport
 (httpcore, h11, anyio) one GET of a 35 kB /metrics cost ~1.4 ms of CPU on a small host, ~0.55 ms through
-this one: together with the parser that is most of the agent's budget of 1 % of a core. It stays an httpx
-transport, so the scraper still takes an injectable ``httpx.AsyncClient`` (tests give it a mock transport).
+asyncio's streams, less through this one, whose connections read answers in the loop's callbacks
+(``agent.http1``): the task that asked wakes once per answer. It stays an httpx transport, so the scraper
+still takes an injectable ``httpx.AsyncClient`` (tests give it a mock transport).
 
 Scope, on purpose: ``http://`` only (mount it for that scheme; ``https://`` keeps httpx's own transport),
 bodies sent with Content-Length, responses with Content-Length, chunked, or read to EOF, at most
 ``max_body_bytes`` (an engine streaming without end is an error, never buffered whole), and no
 compression (on loopback gzip only costs both sides CPU: ``Accept-Encoding: identity`` is forced). An idle
-connection the server closed meanwhile is retried once on a fresh one when nothing was received.
+connection the server closed meanwhile is retried on a fresh one when nothing was received.
 
-A request whose ``extensions`` ask for ``STREAM`` gets its body as it arrives instead (the canary's server-sent
-events: its TTFT is the time to the first chunk), under the same limit and the same deadline, the request's
-timeout counted from when it was sent; its connection is kept only once the whole body was read.
+A request whose ``extensions`` ask for ``STREAM`` gets its body as it arrives instead, under the same limit and
+the same deadline, the request's timeout counted from when it was sent; its connection is kept only once the
+whole body was read. ``read`` hands a ``Prepared`` request's parts to a callback as they arrive, in the loop's
+callback itself (the canary's server-sent events: its TTFT is the time to the first token).
 
 ``read_capped`` applies the same limit to a streamed response from any transport (httpx's own, for
 ``https://`` or the agent's default client, would buffer an endless body whole): the scrapes and the canary's
@@ -23,16 +26,19 @@ and drain's reads of /metrics use it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import httpx
 
-from agent.ticks import until_tick
+from agent.http1 import BodyTooLarge, Closed, Connection, Exchange, Head, OnPart
 
-_MAX_HEADER_BYTES = 64 * 1024
+__all__ = ["MAX_BODY_BYTES", "STREAM", "BodyTooLarge", "PlainHttpTransport", "Prepared", "Reply", "body_too_large",
+           "prepare", "read_capped"]
+
 # vLLM's full /metrics is ~70 kB; a multi-LoRA engine's a few hundred kB. Far past any honest body, and small
 # enough that eight engines read at once cannot hurt the agent.
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -40,24 +46,9 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 
 # ``extensions={STREAM: True}`` on a request: the body is handed on as it arrives (see above).
 STREAM = "pitstop.stream"
-# How long closing a streamed response waits for the rest of a body it did not read (a canary stops at
-# ``[DONE]``; the chunked body's last, empty chunk is usually already there): enough to keep the connection.
-_DRAIN_SECONDS = 0.05
 
-
-class BodyTooLarge(ValueError):
-    """A response body over the transport's limit."""
-
-
-# What reading a connection raises, past a timeout: an ``httpx.ReadError`` (``BodyTooLarge`` is a ValueError).
-_READ_ERRORS = (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, OSError)
-
-
-class _Closed(Exception):
-    """The server closed a reused connection before answering (its keep-alive timeout passed)."""
-
-
-Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+# What reading an answer raises, past a timeout: an ``httpx.ReadError`` (``BodyTooLarge`` is a ValueError).
+_READ_ERRORS = (ConnectionError, ValueError, OSError)
 
 
 @dataclass(frozen=True)
@@ -83,16 +74,19 @@ _PREPARED: weakref.WeakKeyDictionary[httpx.Request, Prepared] = weakref.WeakKeyD
 
 
 def prepare(request: httpx.Request) -> Prepared:
-    """``request`` (an ``http://`` one with its body in memory) as ``PlainHttpTransport.fetch`` and ``stream`` send
+    """``request`` (an ``http://`` one with its body in memory) as ``PlainHttpTransport.fetch`` and ``read`` send
     it; built once per request object, which a caller that sends the same request every interval keeps."""
     prepared = _PREPARED.get(request)
     if prepared is None:
-        timeouts = request.extensions.get("timeout", {})
-        limit = max((t for t in timeouts.values() if t is not None), default=None)
         prepared = Prepared((request.url.host, request.url.port or 80), request.method,
-                            _request_bytes(request, request.read()), limit)
+                            _request_bytes(request, request.read()), _limit(request))
         _PREPARED[request] = prepared
     return prepared
+
+
+def _limit(request: httpx.Request) -> float | None:
+    timeouts = request.extensions.get("timeout", {})
+    return max((t for t in timeouts.values() if t is not None), default=None)
 
 
 def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
@@ -112,117 +106,56 @@ def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-async def _chunks(reader: asyncio.StreamReader, headers: dict[str, str], limit: int,
-                  done: list[bool]) -> AsyncGenerator[bytes, None]:
-    """The body's parts as they arrive, ``BodyTooLarge`` past ``limit`` bytes; ``done`` gets True once the body
-    ended where the connection can be reused (a body read to EOF ends with the connection)."""
-    total = 0
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        while True:
-            size_line = await reader.readuntil(b"\r\n")
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-            if size == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
-                    pass
-                done.append(True)
-                return
-            total += size
-            if total > limit:
-                raise BodyTooLarge(f"body over {limit} bytes")
-            part = await reader.readexactly(size)
-            await reader.readexactly(2)
-            yield part
-    if "content-length" in headers:
-        length = int(headers["content-length"])
-        if length > limit:
-            raise BodyTooLarge(f"body of {length} bytes is over {limit}")
-        if length:
-            yield await reader.readexactly(length)
-        done.append(True)
-        return
-    # HTTP/1.0 style: the body ends with the connection.
-    while chunk := await reader.read(256 * 1024):
-        total += len(chunk)
-        if total > limit:
-            raise BodyTooLarge(f"body over {limit} bytes")
-        yield chunk
+class _PartStream(httpx.AsyncByteStream):
+    """A response body handed on as it arrives, each part before the request's deadline; its connection goes back
+    to the pool once the whole body was read. Closed early, the rest is waited for a moment (``Exchange.finish``)
+    so that the connection can still be kept, and closed otherwise."""
 
-
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], limit: int) -> tuple[bytes, bool]:
-    """The body and whether the connection can be reused; ``BodyTooLarge`` past ``limit`` bytes."""
-    done: list[bool] = []
-    parts = [part async for part in _chunks(reader, headers, limit, done)]
-    return (parts[0] if len(parts) == 1 else b"".join(parts)), bool(done)
-
-
-class _StreamedBody(httpx.AsyncByteStream):
-    """A response body read as it arrives, each read before the request's deadline; the connection goes back to
-    its pool once the whole body was read, and is closed otherwise."""
-
-    def __init__(self, transport: PlainHttpTransport, key: tuple[str, int], conn: Connection,
-                 headers: dict[str, str], keep: bool, deadline: float | None,
-                 request: httpx.Request | None) -> None:
-        self.transport, self.key, self.conn, self.keep = transport, key, conn, keep
+    def __init__(self, deadline: float | None, request: httpx.Request) -> None:
         self.deadline, self.request = deadline, request
-        self.done: list[bool] = []
-        self.parts = _chunks(conn[0], headers, transport.max_body_bytes, self.done)
-        self.closed = False
+        self.parts: collections.deque[bytes] = collections.deque()
+        self.exchange: Exchange | None = None
+        self._more: asyncio.Future[None] | None = None
 
-    # An iterator of its own, not an async generator: a caller that stops at ``[DONE]`` leaves no generator for
-    # the loop to finalize (each such one is a wakeup through the loop's self-pipe and a task to close it).
+    def push(self, part: bytes, _exchange: Exchange) -> None:
+        self.parts.append(part)
+        self._wake()
+
+    def _wake(self, _done: object = None) -> None:
+        if self._more is not None and not self._more.done():
+            self._more.set_result(None)
+
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self
 
     async def __anext__(self) -> bytes:
-        try:
-            async with asyncio.timeout_at(self.deadline):
-                part = await anext(self.parts, None)
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout("no whole answer before the request's deadline", request=self.request) from exc
-        except _READ_ERRORS as exc:
-            raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=self.request) from exc
-        if part is None:
-            raise StopAsyncIteration
-        return part
-
-    async def gather(self, seconds: float) -> None:
-        """Let the rest of the body collect in the socket for ``seconds`` (to the next tick of them past that),
-        then read on: what came meanwhile is read in one go. Each part read as it arrives wakes the agent (a
-        canary's answer is a head and one event per token, then ``[DONE]``); a caller that only waits for the end
-        of the body need not read them one by one. Nothing is lost: a body not whole by then is read as it
-        arrives, before the same deadline."""
-        transport = self.conn[1].transport
-        if (self.done or not isinstance(transport, asyncio.ReadTransport) or transport.is_closing()
-                or not transport.is_reading()):
-            return  # ended, going, or paused by its reader's own limit: that pause is the reader's to end
-        transport.pause_reading()
-        try:
-            # From ``seconds`` up to twice that, on their ticks (agent.ticks): the canaries of one round, whose first
-            # tokens come within a few milliseconds of each other, read the rest of their answers in one wakeup.
-            now = asyncio.get_running_loop().time()
-            await asyncio.sleep(seconds + until_tick(now + seconds, seconds))
-        finally:
-            if not transport.is_closing():
-                transport.resume_reading()
+        assert self.exchange is not None
+        ended = self.exchange.future
+        while not self.parts:
+            if ended.done():
+                if not ended.cancelled() and ended.exception() is not None:
+                    exc = ended.exception()
+                    raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=self.request) from exc
+                raise StopAsyncIteration
+            self._more = asyncio.get_running_loop().create_future()
+            ended.add_done_callback(self._wake)
+            try:
+                async with asyncio.timeout_at(self.deadline):
+                    await self._more
+            except TimeoutError as exc:
+                self.exchange.conn.abort()
+                raise httpx.ReadTimeout("no whole answer before the request's deadline", request=self.request) from exc
+            finally:
+                ended.remove_done_callback(self._wake)
+        return self.parts.popleft()
 
     async def aclose(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if not self.done and self.keep:
-            with contextlib.suppress(Exception):  # what is left, if it is already on its way; else closed
-                async with asyncio.timeout(_DRAIN_SECONDS):
-                    async for _ in self.parts:
-                        pass
-        await self.parts.aclose()
-        if self.done and self.keep:
-            self.transport._release(self.key, self.conn)
-        else:
-            _close(self.conn[1])
+        if self.exchange is not None:
+            self.exchange.finish()
 
 
 class PlainHttpTransport(httpx.AsyncBaseTransport):
-    """Keep-alive HTTP/1.1 over asyncio streams; one idle connection pool per host and port."""
+    """Keep-alive HTTP/1.1 on ``agent.http1`` connections; one idle connection pool per host and port."""
 
     def __init__(self, max_idle_per_host: int = 4, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.max_idle_per_host = max_idle_per_host
@@ -235,107 +168,72 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
             raise httpx.UnsupportedProtocol(f"PlainHttpTransport speaks http:// only, not {request.url}",
                                             request=request)
         body = await request.aread()
-        timeouts = request.extensions.get("timeout", {})
-        limit = max((t for t in timeouts.values() if t is not None), default=None)
+        limit = _limit(request)
         key = (request.url.host, request.url.port or 80)
         deadline = None if limit is None else asyncio.get_running_loop().time() + limit
-        streamed = bool(request.extensions.get(STREAM))
+        raw = _request_bytes(request, body)
+        bodiless = request.method == "HEAD"
         async with _within(deadline, limit, request):
-            conn, status, pairs, headers, keep = await self._sent(key, _request_bytes(request, body), request)
-            return await self._answer(conn, key, request, status, pairs, headers, keep,
-                                      deadline if streamed else None, streamed)
-
-    async def _connect(self, key: tuple[str, int], request: httpx.Request | None) -> Connection:
-        try:
-            conn = await asyncio.open_connection(key[0], key[1], limit=_MAX_HEADER_BYTES)
-        except OSError as exc:
-            raise httpx.ConnectError(f"{type(exc).__name__}: {exc}", request=request) from exc
-        self.connections_opened += 1
-        return conn
-
-    async def _head(self, conn: Connection, raw: bytes,
-                    reused: bool) -> tuple[int, list[tuple[str, str]], dict[str, str], bool]:
-        """Send ``raw`` on ``conn`` and read the response's head: status, header pairs, the headers by lower-cased
-        name, and whether the server lets the connection be kept. ``_Closed`` for a reused connection the server
-        had closed before answering."""
-        reader, writer = conn
-        writer.write(raw)
-        await writer.drain()
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError as exc:
-            if reused and not exc.partial:
-                raise _Closed from exc
-            raise
-        lines = head.decode("latin-1").split("\r\n")
-        version, status, *_ = lines[0].split(" ", 2)
-        pairs = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:] if line)]
-        headers = {k.lower(): v for k, v in pairs}
-        keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-        return int(status), pairs, headers, keep
-
-    async def _sent(self, key: tuple[str, int], raw: bytes, request: httpx.Request | None = None
-                    ) -> tuple[Connection, int, list[tuple[str, str]], dict[str, str], bool]:
-        """``raw`` sent on a kept connection to ``key``, or a fresh one, and the head of the answer read: the
-        connection, status, header pairs, headers by lower-cased name, and whether it may be kept. A kept one the
-        server closed before answering is closed and the next tried; on any other error the connection is closed."""
-        while True:
-            conn = self._idle_conn(key)
-            reused = conn is not None
-            if conn is None:
-                conn = await self._connect(key, request)
-            try:
-                return (conn, *await self._head(conn, raw, reused))
-            except _Closed:
-                _close(conn[1])
-            except BaseException:
-                _close(conn[1])
-                raise
-
-    async def _answer(self, conn: Connection, key: tuple[str, int], request: httpx.Request, status: int,
-                      pairs: list[tuple[str, str]], headers: dict[str, str], keep: bool,
-                      deadline: float | None = None, streamed: bool = False) -> httpx.Response:
-        """The response to ``request`` whose head was read on ``conn``: its whole body read, or (``streamed``) the
-        body handed on as it arrives, each read before ``deadline`` (a loop time; None: none)."""
-        bodiless = request.method == "HEAD" or status in (204, 304)
-        if streamed and not bodiless:
-            stream = _StreamedBody(self, key, conn, headers, keep, deadline, request)
-            return httpx.Response(status, headers=pairs, stream=stream, request=request)
-        content = await self._body(conn, key, bodiless, headers, keep)
-        return httpx.Response(status, headers=pairs, content=content, request=request)
-
-    async def _body(self, conn: Connection, key: tuple[str, int], bodiless: bool, headers: dict[str, str],
-                    keep: bool) -> bytes:
-        """The whole body on ``conn``; the connection kept for the next request when it may be, else closed."""
-        try:
-            body, reusable = (b"", True) if bodiless else await _read_body(conn[0], headers, self.max_body_bytes)
-        except BaseException:
-            _close(conn[1])
-            raise
-        if reusable and keep:
-            self._release(key, conn)
-        else:
-            _close(conn[1])
-        return body
+            if not request.extensions.get(STREAM):
+                exchange = await self._answered(key, raw, bodiless, request)
+                head = _head(exchange)
+                return httpx.Response(head.status, headers=head.pairs, content=exchange.body, request=request)
+            stream = _PartStream(deadline, request)
+            exchange = await self._answered(key, raw, bodiless, request, on_part=stream.push, until_head=True)
+            stream.exchange = exchange
+            head = _head(exchange)
+            return httpx.Response(head.status, headers=head.pairs, stream=stream, request=request)
 
     async def fetch(self, prepared: Prepared) -> Reply:
         """``prepared`` sent and its whole answer read, without an ``httpx.Response``: the scrapes' path (at a 1 s
         interval the client's layers around this were a third of a scrape). The same connections, limit, retry
         of a stale connection and errors (``httpx.ReadTimeout``, ``ConnectError``, ``ReadError``) as
         ``handle_async_request``."""
-        loop_deadline = None if prepared.timeout is None else asyncio.get_running_loop().time() + prepared.timeout
-        async with _within(loop_deadline, prepared.timeout):
-            conn, status, _, headers, keep = await self._sent(prepared.key, prepared.raw)
-            bodiless = prepared.method == "HEAD" or status in (204, 304)
-            return Reply(status, headers, await self._body(conn, prepared.key, bodiless, headers, keep))
-
-    async def stream(self, prepared: Prepared) -> tuple[int, _StreamedBody]:
-        """``prepared`` sent and the head of its answer read: the status and the body as it arrives (``aclose`` it
-        when done), each read before the request's deadline, counted from now. ``fetch``'s errors."""
         deadline = None if prepared.timeout is None else asyncio.get_running_loop().time() + prepared.timeout
         async with _within(deadline, prepared.timeout):
-            conn, status, _, headers, keep = await self._sent(prepared.key, prepared.raw)
-            return status, _StreamedBody(self, prepared.key, conn, headers, keep, deadline, None)
+            exchange = await self._answered(prepared.key, prepared.raw, prepared.method == "HEAD")
+        head = _head(exchange)
+        return Reply(head.status, head.headers, exchange.body)
+
+    async def read(self, prepared: Prepared, on_part: OnPart) -> Head:
+        """``prepared`` sent and its answer's body handed to ``on_part`` as it arrives, in the loop's callback
+        (``on_part`` must not block; it may ``hold`` the reads or ``finish`` the exchange, whose answer's head is
+        then returned at once). Returns once the body ended or was finished, before the request's deadline;
+        ``fetch``'s errors."""
+        deadline = None if prepared.timeout is None else asyncio.get_running_loop().time() + prepared.timeout
+        async with _within(deadline, prepared.timeout):
+            exchange = await self._answered(prepared.key, prepared.raw, prepared.method == "HEAD", on_part=on_part)
+        return _head(exchange)
+
+    async def _answered(self, key: tuple[str, int], raw: bytes, bodiless: bool, request: httpx.Request | None = None,
+                        on_part: OnPart | None = None, until_head: bool = False) -> Exchange:
+        """``raw`` sent on a kept connection to ``key``, or a fresh one, and its answer read (``until_head``: only
+        its head). A kept one the server had closed before answering is dropped and the next tried; given up on
+        (a deadline, a cancel), the connection is closed."""
+        while True:
+            conn = self._idle_conn(key)
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect(key, request)
+            exchange = conn.send(raw, limit=self.max_body_bytes, bodiless=bodiless, reused=reused, on_part=on_part,
+                                 want_head=until_head)
+            try:
+                await (exchange.headed if exchange.headed is not None else exchange.future)
+                return exchange
+            except Closed:
+                continue
+            except BaseException:
+                conn.abort()
+                raise
+
+    async def _connect(self, key: tuple[str, int], request: httpx.Request | None) -> Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await loop.create_connection(lambda: Connection(loop, self._release_to(key)), key[0], key[1])
+        except OSError as exc:
+            raise httpx.ConnectError(f"{type(exc).__name__}: {exc}", request=request) from exc
+        self.connections_opened += 1
+        return conn
 
     def _idle_conn(self, key: tuple[str, int]) -> Connection | None:
         """A kept connection to ``key`` the server has not closed meanwhile (its FIN already read by the loop), or
@@ -345,23 +243,31 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if not conn[0].at_eof() and not conn[1].is_closing():
+            if conn.usable:
                 return conn
-            _close(conn[1])
+            conn.close()
         return None
 
-    def _release(self, key: tuple[str, int], conn: Connection) -> None:
-        """Keep ``conn`` for the next request to ``key``, up to ``max_idle_per_host``; close it otherwise."""
-        if len(self._idle.setdefault(key, [])) < self.max_idle_per_host:
-            self._idle[key].append(conn)
-        else:
-            _close(conn[1])
+    def _release_to(self, key: tuple[str, int]) -> Callable[[Connection], None]:
+        def release(conn: Connection) -> None:
+            """Keep ``conn`` for the next request to ``key``, up to ``max_idle_per_host``; close it otherwise."""
+            idle = self._idle.setdefault(key, [])
+            if len(idle) < self.max_idle_per_host:
+                idle.append(conn)
+            else:
+                conn.close()
+        return release
 
     async def aclose(self) -> None:
         for conns in self._idle.values():
-            for _, writer in conns:
-                _close(writer)
+            for conn in conns:
+                conn.close()
         self._idle.clear()
+
+
+def _head(exchange: Exchange) -> Head:
+    assert exchange.head is not None  # an exchange answered, or finished by its reader, has its head
+    return exchange.head
 
 
 @contextlib.asynccontextmanager
@@ -376,11 +282,6 @@ async def _within(deadline: float | None, limit: float | None,
         raise httpx.ReadTimeout(f"no answer within {limit:g}s", request=request) from exc
     except _READ_ERRORS as exc:
         raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
-
-
-def _close(writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(Exception):
-        writer.close()
 
 
 async def read_capped(response: httpx.Response, limit: int = MAX_BODY_BYTES) -> bytes:

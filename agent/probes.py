@@ -7,16 +7,17 @@ EngineCore (vLLM #39863), so STARTING ends only when ``/v1/models`` lists the mo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
 from agent.engine_metrics import MetricsParseError, parse_metrics
+from agent.http1 import Exchange
 from agent.lean_client import lean_transport
-from agent.plain_http import STREAM, BodyTooLarge, prepare, read_capped
+from agent.plain_http import STREAM, BodyTooLarge, PlainHttpTransport, prepare, read_capped
+from agent.ticks import until_tick
 
 
 def served_model_name(model: str, args: list[str]) -> str:
@@ -68,37 +69,94 @@ def completion_request(client: httpx.AsyncClient, base_url: str, model: str, pro
                                 extensions={STREAM: True})
 
 
-async def _sse_lines(parts: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
-    """The lines of a server-sent event stream as bytes (no text decoding: only ``data:`` lines are read)."""
-    pending = b""
-    async for chunk in parts:
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
+class _Events:
+    """A canary's server-sent events, fed as they arrive: TTFT at the first data event, the outcome once ``[DONE]``
+    (or an error) is read. Kept apart from how the bytes come, so both transports' paths read them alike."""
+
+    def __init__(self, clock: Callable[[], float], started: float) -> None:
+        self.clock, self.started = clock, started
+        self.pending = b""
+        self.ttft: float | None = None
+        self.result: CompletionResult | None = None
+
+    def feed(self, part: bytes) -> bool:
+        """Take ``part`` of the body; True once the outcome is known."""
+        if self.result is not None:
+            return True
+        self.pending += part
+        *lines, self.pending = self.pending.split(b"\n")
         for line in lines:
-            yield line.rstrip(b"\r")
-    if pending:
-        yield pending.rstrip(b"\r")
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.result = CompletionResult(True, self.ttft)
+                return True
+            if self.ttft is None:
+                try:
+                    chunk = json.loads(payload)
+                except ValueError as exc:
+                    self.result = CompletionResult(False, None, f"{type(exc).__name__}: {exc}"[:300])
+                    return True
+                if isinstance(chunk, dict) and "error" in chunk:
+                    self.result = CompletionResult(False, None, str(chunk["error"])[:200])
+                    return True
+                self.ttft = self.clock() - self.started
+        return False
+
+    def ended(self) -> CompletionResult:
+        """The outcome once the body ended."""
+        if self.result is None and self.pending.rstrip(b"\r").strip() == b"data: [DONE]":
+            self.result = CompletionResult(True, self.ttft)
+        return self.result or CompletionResult(False, self.ttft, "stream ended without [DONE]")
 
 
-@dataclass(frozen=True)
-class _Opened:
-    status: int
-    parts: AsyncIterable[bytes]
-    close: Callable[[], Awaitable[None]]
-    # Lets the rest of the body collect before it is read (``_StreamedBody.gather``); None: read as it arrives.
-    gather: Callable[[float], Awaitable[None]] | None = None
+def _gather_until(seconds: float) -> float:
+    """Where a gather of ``seconds`` after now ends: from ``seconds`` up to twice that, on their ticks
+    (``agent.ticks``): the canaries of one round, whose first tokens come within a few milliseconds of each other,
+    read the rest of their answers in one wakeup."""
+    now = asyncio.get_running_loop().time()
+    return now + seconds + until_tick(now + seconds, seconds)
 
 
-async def _open_stream(client: httpx.AsyncClient, request: httpx.Request) -> _Opened:
-    """The status, the body as it arrives and what closes it: on the agent's lean transport directly (the canary
-    runs every interval on every replica: httpx's layers around the transport were a fifth of it), else through
-    ``client``."""
-    lean = lean_transport(client, str(request.url))
-    if lean is not None:
-        status, body = await lean.stream(prepare(request))
-        return _Opened(status, body, body.aclose, body.gather)
+async def _on_lean(lean: PlainHttpTransport, request: httpx.Request, events: _Events,
+                   gather_seconds: float) -> CompletionResult:
+    """The canary on the agent's lean transport: its events read in the connection's callback as they arrive, the
+    canary's task woken once, at the end (it runs every interval on every replica: each read through asyncio's
+    streams was a step of this task)."""
+    refused: list[bytes] = []
+
+    def on_part(part: bytes, exchange: Exchange) -> None:
+        if exchange.head is not None and exchange.head.status != 200:
+            refused.append(part)
+            return
+        measured = events.ttft is not None
+        if events.feed(part):
+            exchange.finish()
+        elif not measured and events.ttft is not None and gather_seconds > 0:
+            # TTFT is measured; the rest is only waited for: its events read together, not each as it comes.
+            exchange.hold(_gather_until(gather_seconds))
+
+    head = await lean.read(prepare(request), on_part)
+    if head.status != 200:
+        said = b"".join(refused)[:200].decode("utf-8", "replace")
+        return CompletionResult(False, error=f"HTTP {head.status}: {said}")
+    return events.ended()
+
+
+async def _on_client(client: httpx.AsyncClient, request: httpx.Request, events: _Events) -> CompletionResult:
+    """The canary through ``client``'s own transport (``https://``, or a client that is not the agent's)."""
     response = await client.send(request, stream=True)
-    return _Opened(response.status_code, response.aiter_bytes(), response.aclose)
+    try:
+        if response.status_code != 200:
+            said = (await response.aread()).decode("utf-8", "replace")
+            return CompletionResult(False, error=f"HTTP {response.status_code}: {said[:200]}")
+        async for part in response.aiter_bytes():
+            if events.feed(part):
+                break
+        return events.ended()
+    finally:
+        await response.aclose()
 
 
 async def stream_completion(client: httpx.AsyncClient, base_url: str, model: str, prompt: str, max_tokens: int,
@@ -106,45 +164,24 @@ async def stream_completion(client: httpx.AsyncClient, base_url: str, model: str
                             request: httpx.Request | None = None, gather_seconds: float = 0.0) -> CompletionResult:
     """One streaming completion with a deadline for the whole of it; TTFT is the time to the first data chunk.
     ``request``: the one ``completion_request`` built for these arguments, when the caller keeps it.
-    ``gather_seconds``: after the first token, how long the rest may collect before it is read (0: as it comes).
+    ``gather_seconds``: after the first token, how long the rest may collect before it is read (0: as it comes;
+    on the agent's lean transport only).
 
     The deadline covers the request end to end, not each read: a wedged vLLM accepts the request and then
     sends nothing (vLLM #39863), and a per-read timeout alone would also let a trickle of bytes run forever."""
     if request is None:
         request = completion_request(client, base_url, model, prompt, max_tokens, request_timeout)
-    started = clock()
-    ttft = None
-    opened: _Opened | None = None
+    events = _Events(clock, clock())
+    lean = lean_transport(client, str(request.url))
     try:
         async with asyncio.timeout(request_timeout):
-            opened = await _open_stream(client, request)
-            if opened.status != 200:
-                said = b"".join([part async for part in opened.parts]).decode("utf-8", "replace")
-                return CompletionResult(False, error=f"HTTP {opened.status}: {said[:200]}")
-            async with contextlib.aclosing(_sse_lines(opened.parts)) as lines:
-                async for line in lines:
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        return CompletionResult(True, ttft)
-                    if ttft is None:
-                        chunk = json.loads(payload)
-                        if "error" in chunk:
-                            return CompletionResult(False, None, str(chunk["error"])[:200])
-                        ttft = clock() - started
-                        if opened.gather is not None and gather_seconds > 0:
-                            # TTFT is measured; the rest is only waited for: its events read together, not
-                            # each as it comes (a few loop wakeups fewer per canary).
-                            await opened.gather(gather_seconds)
+            if lean is not None:
+                return await _on_lean(lean, request, events, gather_seconds)
+            return await _on_client(client, request, events)
     except TimeoutError:
-        return CompletionResult(False, ttft, f"no completion within {request_timeout:g}s")
+        return CompletionResult(False, events.ttft, f"no completion within {request_timeout:g}s")
     except (httpx.HTTPError, ValueError) as exc:
-        return CompletionResult(False, ttft, f"{type(exc).__name__}: {exc}"[:300])
-    finally:
-        if opened is not None:
-            await opened.close()
-    return CompletionResult(False, ttft, "stream ended without [DONE]")
+        return CompletionResult(False, events.ttft, f"{type(exc).__name__}: {exc}"[:300])
 
 
 async def _engine_values(client: httpx.AsyncClient, metrics_url: str, model: str,

@@ -13,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
+from agent.http1 import Connection
 from agent.lean_client import scrape_client
 from agent.plain_http import STREAM, BodyTooLarge, PlainHttpTransport
 from agent.probes import CompletionResult, completion_request, stream_completion
@@ -208,13 +209,13 @@ def test_a_streamed_body_left_unread_closes_its_connection(server: str) -> None:
 def test_a_canary_gathers_the_rest_of_its_answer_in_one_read_after_the_first_token(
         server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     reads: list[int] = []
-    feed = asyncio.StreamReader.feed_data
+    feed = Connection.data_received
 
-    def counted(self: asyncio.StreamReader, data: bytes) -> None:
+    def counted(self: Connection, data: bytes) -> None:
         reads.append(len(data))
         feed(self, data)
 
-    monkeypatch.setattr(asyncio.StreamReader, "feed_data", counted)
+    monkeypatch.setattr(Connection, "data_received", counted)
 
     async def canary(gap: float, gather: float, limit: float = 5.0) -> tuple[CompletionResult, int, int]:
         async with scrape_client() as client:
@@ -239,17 +240,15 @@ def test_a_canary_gathers_the_rest_of_its_answer_in_one_read_after_the_first_tok
 
 
 def test_canaries_gathering_at_once_resume_on_the_same_tick(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The gather's sleep is recorded, not slept: where it ends on the loop's clock is what the test reads.
+    # Where each gather's hold ends on the loop's clock is what the test reads.
     ends: list[float] = []
-    sleep = asyncio.sleep
-    loops: list[asyncio.AbstractEventLoop] = []
+    hold = Connection.hold
 
-    async def recorded(delay: float, result: object = None) -> object:
-        loop = asyncio.get_running_loop()
-        if loop not in loops:  # the server's own sleeps, in its thread, are slept
-            return await sleep(delay, result)
-        ends.append(loop.time() + delay)
-        return await sleep(0, result)
+    def recorded(self: Connection, until: float) -> None:
+        ends.append(until)
+        hold(self, until)
+
+    monkeypatch.setattr(Connection, "hold", recorded)
 
     async def two_canaries() -> list[CompletionResult]:
         async with scrape_client() as client:
@@ -257,22 +256,16 @@ def test_canaries_gathering_at_once_resume_on_the_same_tick(server: str, monkeyp
             loop = asyncio.get_running_loop()
             # Sent just past a tick, so that both first tokens (a few milliseconds later) fall before the next one.
             await asyncio.sleep(until_tick(loop.time(), 0.05) + 0.002)
-            loops.append(loop)
-            monkeypatch.setattr(asyncio, "sleep", recorded)
-            try:
-                return list(await asyncio.gather(*(
-                    stream_completion(client, server, "m", "ping", 4, 5.0, time.monotonic, request=request,
-                                      gather_seconds=0.05) for _ in range(2))))
-            finally:
-                monkeypatch.setattr(asyncio, "sleep", sleep)
+            return list(await asyncio.gather(*(
+                stream_completion(client, server, "m", "ping", 4, 5.0, time.monotonic, request=request,
+                                  gather_seconds=0.05) for _ in range(2))))
 
     results = asyncio.run(two_canaries())
     assert all(r.ok for r in results)
     assert len(ends) == 2
-    # On a tick of the gather (to within the microseconds between reading the clock and sleeping), the same one
-    # for both: one wakeup for all of them.
+    # On a tick of the gather, the same one for both: one wakeup for all of them.
     (tick,) = {round(end / 0.05) for end in ends}
-    assert all(abs(end - 0.05 * tick) < 1e-3 for end in ends)
+    assert all(abs(end - 0.05 * tick) < 1e-6 for end in ends)
 
 
 def test_a_canary_that_stops_at_done_leaves_nothing_for_the_loop_to_finalize(server: str) -> None:
