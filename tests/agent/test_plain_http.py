@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 
 import httpx
 import pytest
 import uvicorn
+import uvloop
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
@@ -268,28 +270,35 @@ def test_canaries_gathering_at_once_resume_on_the_same_tick(server: str, monkeyp
     assert all(abs(end - 0.05 * tick) < 1e-6 for end in ends)
 
 
-def test_a_canary_that_stops_at_done_leaves_nothing_for_the_loop_to_finalize(server: str) -> None:
-    # An async generator dropped unfinished is closed by the loop through its self-pipe: a wakeup per canary.
+@pytest.mark.parametrize("loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
+def test_a_canary_that_stops_at_done_leaves_nothing_for_the_loop_to_finalize(
+        server: str, loop_factory: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    # An async generator dropped unfinished is closed by the loop (through its finalizer hook, then a wakeup and
+    # a task per canary); on both loops, the agent's (uvloop) and asyncio's own.
     async def canaries() -> tuple[list[CompletionResult], int]:
-        loop = asyncio.get_running_loop()
-        woken = 0
-        wake = loop._write_to_self  # type: ignore[attr-defined]
+        hooks = sys.get_asyncgen_hooks()
+        finalized = 0
 
-        def counted() -> None:
-            nonlocal woken
-            woken += 1
-            wake()
+        def counted(agen: AsyncGenerator[object, None]) -> None:
+            nonlocal finalized
+            finalized += 1
+            assert hooks.finalizer is not None
+            hooks.finalizer(agen)
 
-        async with scrape_client() as client:
-            request = completion_request(client, server, "m", "ping", 4, 5.0)
-            loop._write_to_self = counted  # type: ignore[attr-defined]
-            results = []
-            for gather in (0.0, 0.05, 0.0):
-                results.append(await stream_completion(client, server, "m", "ping", 4, 5.0, time.monotonic,
-                                                       request=request, gather_seconds=gather))
-                await asyncio.sleep(0.01)  # a dropped generator is finalized by now
-            return results, woken
+        sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=counted)
+        try:
+            async with scrape_client() as client:
+                request = completion_request(client, server, "m", "ping", 4, 5.0)
+                results = []
+                for gather in (0.0, 0.05, 0.0):
+                    results.append(await stream_completion(client, server, "m", "ping", 4, 5.0, time.monotonic,
+                                                           request=request, gather_seconds=gather))
+                    await asyncio.sleep(0.01)  # a dropped generator is finalized by now
+            return results, finalized
+        finally:
+            sys.set_asyncgen_hooks(*hooks)
 
-    results, woken = asyncio.run(canaries())
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        results, finalized = runner.run(canaries())
     assert all(r.ok for r in results)
-    assert woken == 0
+    assert finalized == 0
