@@ -24,11 +24,14 @@ def require_real_vllm() -> None:
 
 
 def vllm_replica(name: str, port: int, **settings: Any) -> dict[str, Any]:
-    """An agent replica entry running the real engine on the CPU (eager, 64 MiB of KV cache, 256 tokens)."""
+    """An agent replica entry running the real engine on the CPU (eager, float32, 64 MiB of KV cache, 256 tokens)."""
     return {
         "name": name, "model": "tiny", "port": port, "engine": "vllm",
         "command": [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
                     "--served-model-name", "{model}", "--max-model-len", "256",
-                    "--kv-cache-memory-bytes", "67108864", "--enforce-eager", "--host", "{host}", "--port", "{port}"],
+                    "--kv-cache-memory-bytes", "67108864", "--enforce-eager", "--host", "{host}", "--port", "{port}",
+                    # The model's bfloat16 takes the CPU build's AMX attention kernel wherever the CPU lists AMX; on
+                    # a VM that lists it without enabling it the worker dies of SIGILL at the first request.
+                    "--dtype", "float32"],
         "env": {"HF_HUB_OFFLINE": "1"}, "start_timeout": START_TIMEOUT, **settings,
     }
