@@ -170,7 +170,7 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
         body = await request.aread()
         limit = _limit(request)
         key = (request.url.host, request.url.port or 80)
-        deadline = None if limit is None else asyncio.get_running_loop().time() + limit
+        deadline = _deadline(limit)
         raw = _request_bytes(request, body)
         bodiless = request.method == "HEAD"
         async with _within(deadline, limit, request):
@@ -189,7 +189,7 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
         interval the client's layers around this were a third of a scrape). The same connections, limit, retry
         of a stale connection and errors (``httpx.ReadTimeout``, ``ConnectError``, ``ReadError``) as
         ``handle_async_request``."""
-        deadline = None if prepared.timeout is None else asyncio.get_running_loop().time() + prepared.timeout
+        deadline = _deadline(prepared.timeout)
         async with _within(deadline, prepared.timeout):
             exchange = await self._answered(prepared.key, prepared.raw, prepared.method == "HEAD")
         head = _head(exchange)
@@ -200,7 +200,7 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
         (``on_part`` must not block; it may ``hold`` the reads or ``finish`` the exchange, whose answer's head is
         then returned at once). Returns once the body ended or was finished, before the request's deadline;
         ``fetch``'s errors."""
-        deadline = None if prepared.timeout is None else asyncio.get_running_loop().time() + prepared.timeout
+        deadline = _deadline(prepared.timeout)
         async with _within(deadline, prepared.timeout):
             exchange = await self._answered(prepared.key, prepared.raw, prepared.method == "HEAD", on_part=on_part)
         return _head(exchange)
@@ -263,6 +263,11 @@ class PlainHttpTransport(httpx.AsyncBaseTransport):
             for conn in conns:
                 conn.close()
         self._idle.clear()
+
+
+def _deadline(timeout: float | None) -> float | None:
+    """The loop time ``timeout`` seconds from now; None: no deadline."""
+    return None if timeout is None else asyncio.get_running_loop().time() + timeout
 
 
 def _head(exchange: Exchange) -> Head:
