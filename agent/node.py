@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import random
@@ -25,15 +24,14 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from agent.api import EmbeddedServer, create_app, server_config
 from agent.attached import AttachedReplica
+from agent.canaries import Canaries
 from agent.config import AgentConfig
 from agent.desired import DesiredStore, plan_wants
 from agent.exporter import AgentCollector, ExportState
 from agent.gpu import GpuBackend
 from agent.gpu.xid import XidLedger
 from agent.orphans import Orphan, OrphanWatch
-from agent.probes import completion_request, generation_tokens, stream_completion
 from agent.process_tree import ProcessTreeSampler
-from agent.progress import CanaryEvidence, Progress
 from agent.reporter import Reporter, ReportError
 from agent.retry import report_wait
 from agent.scrape import EngineScraper
@@ -59,14 +57,7 @@ Replica = ReplicaSupervisor | AttachedReplica
 # States in which the engine answers HTTP and its /metrics mean something.
 # A WEDGED engine is scraped too: its flat counters are the evidence the control plane restarts it on.
 SCRAPE_STATES = frozenset({S.WARMING, S.READY, S.WEDGED, S.DRAINING, S.ATTACHED})
-CANARY_STATES = frozenset({S.READY, S.ATTACHED})
 MAX_REPORT_EVENTS = 1000
-# Four tokens: the canary goes through decode steps as well as a prefill, as users' requests do; the three more
-# cost about 0.04 % of a core at the default intervals (bench/README.md).
-CANARY_PROMPT, CANARY_TOKENS = "ping", 4
-# Once a canary's first token is in, its other three (a few decode steps: ~5-30 ms) and [DONE] are read together
-# after this long rather than each as it comes; a slower answer is read on as it arrives (bench/README.md).
-CANARY_GATHER_SECONDS = 0.05
 
 
 class Agent:
@@ -110,11 +101,7 @@ class Agent:
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         self.reporter = (Reporter(report_client or client, config.control_plane, self.node, config.token, wall=wall)
                          if config.control_plane else None)
-        self._scrapes_since_canary: dict[str, int] = {}  # per replica, since its last canary started
-        # In-flight canaries, one per replica at most: they run beside the collection loop, never inside it.
-        self._canaries: dict[str, asyncio.Task[None]] = {}
-        # Each replica's canary request, built once (the same bytes every interval) and again if its model changes.
-        self._canary_requests: dict[str, tuple[str, httpx.Request]] = {}
+        self.canaries = Canaries(config, self.scrape_client, {n: s.url for n, s in self.scrapers.items()})
         self._saved_desired: DesiredState | None = None
         self.cordoned = False
         self.cordoned_gpus: frozenset[int] = frozenset()
@@ -168,7 +155,7 @@ class Agent:
         self.gpus = reading.gpus
         for gpu in reading.gpus:
             self.xid_ledger.observe(gpu.index, gpu.xids)
-        await asyncio.gather(*(self._collect_replica(n, r, reading.process_memory, self._canary_due(n))
+        await asyncio.gather(*(self._collect_replica(n, r, reading.process_memory, self.canaries.due(n))
                                for n, r in self.replicas.items()))
         now = _loop_time()
         if self._orphans_checked_at is None or now - self._orphans_checked_at >= self.config.orphan_check_interval:
@@ -215,66 +202,11 @@ class Agent:
             replica.process = self.samplers[name].sample(replica.pid, gpu_memory)
             self._sampled_pid[name] = replica.pid
             self._process_due[name] = _loop_time() + self.config.process_interval
-        if canary and replica.state in CANARY_STATES and name not in self._canaries:
-            # A canary to a wedged engine waits out its whole timeout: awaited here, it would hold back the
-            # node's GPU readings and every other replica's scrape for that long, just when they matter.
-            # The scrape just read the generation-token counter: that is the canary's "before" (one /metrics
-            # read per engine per interval instead of two).
+        if canary and self.canaries.wanted(replica):
+            # The scrape just read the generation-token counter: that is the canary's "before".
             engine = replica.engine if replica.state in SCRAPE_STATES else None
             before = engine.generation_tokens_total if engine is not None and engine.scrape_error is None else None
-            self._scrapes_since_canary[name] = 0
-            task = asyncio.create_task(self._canary(replica, before), name=f"canary-{name}")
-            self._canaries[name] = task
-            task.add_done_callback(functools.partial(self._canary_done, name))
-
-    def _canary_due(self, name: str) -> bool:
-        """Whether this scrape of ``name`` sends its canary: ``canary_scrapes`` scrapes since its last one started
-        (a replica that has had none yet: at once)."""
-        every = self.config.canary_scrapes
-        if every <= 0:
-            return False
-        since = self._scrapes_since_canary.get(name)
-        if since is not None:
-            self._scrapes_since_canary[name] = since + 1
-        return since is None or since + 1 >= every
-
-    def _canary_done(self, name: str, _task: asyncio.Task[None]) -> None:
-        self._canaries.pop(name, None)
-
-    async def _canary(self, replica: Replica, before: float | None = None) -> None:
-        """Canaries until a verdict: a failure with no token moving is confirmed at once, not an interval later
-        (readiness must go off within seconds of a wedge). ``before``: the counter as the scrape just read it."""
-        for _ in range(self.config.wedge_canaries):
-            evidence = await self._one_canary(replica, before)
-            before = evidence.tokens_after  # read just now: the next canary's "before"
-            if replica.state not in CANARY_STATES:
-                return  # left READY meanwhile (a restart, a drain): the verdict is about an engine that is going
-            if replica.canary_observed(evidence) is not Progress.SUSPECT:
-                return
-
-    async def _one_canary(self, replica: Replica, before: float | None = None) -> CanaryEvidence:
-        """One canary completion and the engine's generation-token counter read just before (unless ``before``
-        was read just now) and, when it fails, just after it. On the lean transport, as the scrapes: through
-        httpx's own, the canary and its /metrics read were most of the agent's CPU at a 1 s interval."""
-        client = self.scrape_client
-        url = self.scrapers[replica.spec.name].url
-        timeout = max(replica.spec.probe_timeout, self.config.canary_timeout)
-        if before is None:
-            before = await generation_tokens(client, url, replica.model_name, timeout)
-        model, request = self._canary_requests.get(replica.spec.name, (None, None))
-        if request is None or model != replica.model_name:
-            request = completion_request(client, replica.spec.base_url, replica.model_name, CANARY_PROMPT,
-                                         CANARY_TOKENS, self.config.canary_timeout)
-            self._canary_requests[replica.spec.name] = (replica.model_name, request)
-        result = await stream_completion(client, replica.spec.base_url, replica.model_name, CANARY_PROMPT,
-                                         CANARY_TOKENS, self.config.canary_timeout, asyncio.get_running_loop().time,
-                                         request=request, gather_seconds=CANARY_GATHER_SECONDS)
-        replica.canary_ok, replica.canary_ttft = result.ok, result.ttft_seconds
-        if result.ok:
-            return CanaryEvidence(ok=True)
-        after = await generation_tokens(client, url, replica.model_name, timeout)
-        replica.machine.note("canary", f"canary failed: {result.error}")
-        return CanaryEvidence(ok=False, tokens_before=before, tokens_after=after, error=result.error)
+            self.canaries.start(replica, before)
 
     async def _collect_loop(self, stop: asyncio.Event) -> None:
         # On the ticks of the interval (agent.ticks): the same wakeup as every engine's log check at the defaults,
@@ -406,8 +338,7 @@ class Agent:
                 replica.request_shutdown()
             if tasks:
                 await asyncio.wait(tasks)
-            for canary in list(self._canaries.values()):
-                canary.cancel()
+            self.canaries.cancel()
             server.exit()
         self.gpu.close()
 

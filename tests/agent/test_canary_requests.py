@@ -33,7 +33,7 @@ def _agent(tmp_path: Path, handler: httpx.MockTransport, **settings: object) -> 
 async def _ticks(agent: Agent, n: int) -> None:
     for _ in range(n):
         await agent.collect_once()
-        await asyncio.gather(*agent._canaries.values())
+        await asyncio.gather(*agent.canaries.in_flight.values())
 
 
 def test_a_canary_after_a_good_scrape_reads_no_metrics_of_its_own(tmp_path: Path) -> None:

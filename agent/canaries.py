@@ -1,0 +1,114 @@
+"""The agent's canaries: a short streaming completion to each READY replica, about every ``canary_interval``.
+
+A canary runs beside the collector, never inside it: one to a wedged engine waits out its whole timeout, and
+awaited in the collection pass it would hold back the node's GPU readings and every other replica's scrape
+just when they matter. One is in flight per replica at most. A failed canary with no generation token moving
+is confirmed by the next at once (``wedge_canaries`` in a row make the verdict), not an interval later:
+readiness must go off within seconds of a wedge (``agent/progress.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Mapping
+
+import httpx
+
+from agent.attached import AttachedReplica
+from agent.config import AgentConfig
+from agent.probes import completion_request, generation_tokens, stream_completion
+from agent.progress import CanaryEvidence, Progress
+from agent.states import ReplicaState
+from agent.supervisor import ReplicaSupervisor
+
+Replica = ReplicaSupervisor | AttachedReplica
+
+CANARY_STATES = frozenset({ReplicaState.READY, ReplicaState.ATTACHED})
+# Four tokens: the canary goes through decode steps as well as a prefill, as users' requests do; the three more
+# cost about 0.04 % of a core at the default intervals (bench/README.md).
+CANARY_PROMPT, CANARY_TOKENS = "ping", 4
+# Once a canary's first token is in, its other three (a few decode steps: ~5-30 ms) and [DONE] are read together
+# after this long rather than each as it comes; a slower answer is read on as it arrives (bench/README.md).
+CANARY_GATHER_SECONDS = 0.05
+
+
+class Canaries:
+    """When each replica's canary is due, and the canaries in flight.
+
+    ``client`` is the lean loopback transport the scrapes use: through httpx's own, the canary and its /metrics
+    read were most of the agent's CPU at a 1 s interval. ``metrics_urls``: each replica's scrape URL, for the
+    generation-token counter read around a failed canary.
+    """
+
+    def __init__(self, config: AgentConfig, client: httpx.AsyncClient, metrics_urls: Mapping[str, str]) -> None:
+        self.config = config
+        self.client = client
+        self.metrics_urls = metrics_urls
+        self.in_flight: dict[str, asyncio.Task[None]] = {}
+        self._scrapes_since: dict[str, int] = {}  # per replica, since its last canary started
+        # Each replica's canary request, built once (the same bytes every interval) and again if its model changes.
+        self._requests: dict[str, tuple[str, httpx.Request]] = {}
+
+    def due(self, name: str) -> bool:
+        """Whether this scrape of ``name`` sends its canary: ``canary_scrapes`` scrapes since its last one started
+        (a replica that has had none yet: at once). Called once per scrape: it counts them."""
+        every = self.config.canary_scrapes
+        if every <= 0:
+            return False
+        since = self._scrapes_since.get(name)
+        if since is not None:
+            self._scrapes_since[name] = since + 1
+        return since is None or since + 1 >= every
+
+    def wanted(self, replica: Replica) -> bool:
+        """Whether ``replica`` takes a canary now: it serves, and its last one has ended."""
+        return replica.state in CANARY_STATES and replica.spec.name not in self.in_flight
+
+    def start(self, replica: Replica, before: float | None) -> None:
+        """Send ``replica`` its canaries until a verdict, beside the caller. ``before``: the generation-token
+        counter as the scrape just read it (one /metrics read per engine per interval instead of two)."""
+        name = replica.spec.name
+        self._scrapes_since[name] = 0
+        task = asyncio.create_task(self._until_verdict(replica, before), name=f"canary-{name}")
+        self.in_flight[name] = task
+        task.add_done_callback(functools.partial(self._done, name))
+
+    def cancel(self) -> None:
+        for task in list(self.in_flight.values()):
+            task.cancel()
+
+    def _done(self, name: str, _task: asyncio.Task[None]) -> None:
+        self.in_flight.pop(name, None)
+
+    async def _until_verdict(self, replica: Replica, before: float | None) -> None:
+        for _ in range(self.config.wedge_canaries):
+            evidence = await self.one(replica, before)
+            before = evidence.tokens_after  # read just now: the next canary's "before"
+            if replica.state not in CANARY_STATES:
+                return  # left READY meanwhile (a restart, a drain): the verdict is about an engine that is going
+            if replica.canary_observed(evidence) is not Progress.SUSPECT:
+                return
+
+    async def one(self, replica: Replica, before: float | None = None) -> CanaryEvidence:
+        """One canary completion and the engine's generation-token counter read just before (unless ``before``
+        was read just now) and, when it fails, just after it."""
+        client, name = self.client, replica.spec.name
+        url = self.metrics_urls[name]
+        timeout = max(replica.spec.probe_timeout, self.config.canary_timeout)
+        if before is None:
+            before = await generation_tokens(client, url, replica.model_name, timeout)
+        model, request = self._requests.get(name, (None, None))
+        if request is None or model != replica.model_name:
+            request = completion_request(client, replica.spec.base_url, replica.model_name, CANARY_PROMPT,
+                                         CANARY_TOKENS, self.config.canary_timeout)
+            self._requests[name] = (replica.model_name, request)
+        result = await stream_completion(client, replica.spec.base_url, replica.model_name, CANARY_PROMPT,
+                                         CANARY_TOKENS, self.config.canary_timeout, asyncio.get_running_loop().time,
+                                         request=request, gather_seconds=CANARY_GATHER_SECONDS)
+        replica.canary_ok, replica.canary_ttft = result.ok, result.ttft_seconds
+        if result.ok:
+            return CanaryEvidence(ok=True)
+        after = await generation_tokens(client, url, replica.model_name, timeout)
+        replica.machine.note("canary", f"canary failed: {result.error}")
+        return CanaryEvidence(ok=False, tokens_before=before, tokens_after=after, error=result.error)
