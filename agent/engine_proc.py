@@ -15,6 +15,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
@@ -26,6 +27,40 @@ log = logging.getLogger(__name__)
 # collector at the default scrape interval); at 5 s an engine logging 1 MB/s passes its cap (``log_max_bytes``,
 # 10 MiB) by at most 5 MB before it rotates.
 LOG_CHECK_INTERVAL = 5.0
+# How long a failure waits for the exit of an engine already gone but not yet reaped (``reap_if_dead``).
+REAP_GRACE_SECONDS = 1.0
+
+
+class Exits(Protocol):
+    """What ``reap_if_dead`` needs of an engine: ``EngineProcess`` and ``agent.adopted.AdoptedEngine``."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    @property
+    def gone(self) -> bool: ...
+
+    async def exited(self) -> int: ...
+
+
+async def reap_if_dead(proc: Exits, grace: float = REAP_GRACE_SECONDS) -> bool:
+    """Whether ``proc`` has exited of itself. A dying engine refuses requests a moment before the loop reaps its
+    exit: one gone but not yet reaped is waited for, ``grace`` seconds at most, so its exit code is known."""
+    if proc.returncode is None and proc.gone:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.exited(), grace)
+    return proc.returncode is not None
+
+
+def describe_exit(code: int) -> str:
+    """An exit code as a person reads it: a negative one names the signal that ended the process (-9: SIGKILL,
+    which the kernel's OOM killer sends)."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 def group_members(pgid: int) -> list[int]:

@@ -24,7 +24,7 @@ from agent.backoff import FailureWindow
 from agent.config import BackoffConfig, ReplicaConfig
 from agent.desired import Want
 from agent.engine_log import last_lines
-from agent.engine_proc import EngineProcess
+from agent.engine_proc import EngineProcess, describe_exit, reap_if_dead
 from agent.event_journal import EventJournal
 from agent.phases import Outcome, first_of
 from agent.pidfile import PidFile, end_group
@@ -365,9 +365,14 @@ class ReplicaSupervisor:
         self.machine.note("exit", f"{reason} (exit code {code})")
 
     async def _failed(self, reason: str) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            await self.proc.kill()
+        proc = self.proc
+        died = proc is not None and await reap_if_dead(proc)
+        if proc is not None and proc.returncode is None:
+            await proc.kill()
         await self._reap(reason)
+        if died:  # of itself: say how, a SIGKILL is the OOM killer's (an adopted engine's code went elsewhere)
+            how = describe_exit(self.last_exit_code or 0) if isinstance(proc, EngineProcess) else "exit code unknown"
+            reason = f"{reason} ({how})" if "exited" in reason else f"{reason}; the engine had exited ({how})"
         delay = self.window.record(self.mono())
         if delay is None:
             self.machine.to(S.BACKOFF, reason)
