@@ -23,6 +23,7 @@ from agent.adopted import AdoptedEngine
 from agent.backoff import FailureWindow
 from agent.config import BackoffConfig, ReplicaConfig
 from agent.desired import Want
+from agent.drain import drain
 from agent.engine_log import last_lines
 from agent.engine_proc import EngineProcess, describe_exit, reap_if_dead
 from agent.event_journal import EventJournal
@@ -39,7 +40,6 @@ from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus
 log = logging.getLogger(__name__)
 S = ReplicaState
 T = TypeVar("T")
-DRAIN_QUIET_POLLS = 2  # consecutive polls with nothing running or waiting before the drain is done
 
 
 class ReplicaSupervisor:
@@ -315,35 +315,17 @@ class ReplicaSupervisor:
         self.machine.note("stack_dump", dump.message)
 
     async def _drain_and_stop(self) -> None:
-        # Readiness goes off with READY -> DRAINING, so the load balancer stops sending before SIGTERM
-        # (docs/design.md: SIGTERM aborts in-flight requests unless --shutdown-timeout > 0).
         self.machine.to(S.DRAINING, "readiness off; waiting for in-flight requests")
-        deadline = self.mono() + self.spec.drain_timeout
-        quiet = 0
-        # The load balancer polls /ready: new requests may still arrive during the grace (a wake-up for another
-        # wish does not shorten it).
-        grace_end = self.mono() + min(self.spec.drain_grace, self.spec.drain_timeout)
-        while (left := grace_end - self.mono()) > 0:
-            outcome, _ = await self._phase(asyncio.sleep(left), None)
-            if outcome == "exit":
-                await self._reap("engine exited while draining")
-                self.machine.to(S.STOPPED, "exited during drain")
-                return
-        while self.mono() < deadline:
-            outcome, busy = await self._phase(
-                in_flight(self.client, self.spec.base_url, self.model_name, self.spec.probe_timeout),
-                max(0.0, deadline - self.mono()))
-            if outcome == "exit":
-                await self._reap("engine exited while draining")
-                self.machine.to(S.STOPPED, "exited during drain")
-                return
-            # Twice in a row: a request the API server is still tokenizing is in neither gauge yet, and a
-            # SIGTERM then would answer it 500 (seen with real vLLM under load).
-            quiet = quiet + 1 if outcome == "done" and busy == 0 else 0
-            if quiet >= DRAIN_QUIET_POLLS:
-                break
-            await self._phase(asyncio.sleep(self.poll_interval), None)
-        await self._stop("drained" if self.mono() < deadline else "drain deadline passed")
+        spec = self.spec
+        end = await drain(self._phase, lambda: in_flight(self.client, spec.base_url, self.model_name,
+                                                         spec.probe_timeout),
+                          self.mono, grace=spec.drain_grace, within=spec.drain_timeout,
+                          poll_interval=self.poll_interval)
+        if end == "exit":
+            await self._reap("engine exited while draining")
+            self.machine.to(S.STOPPED, "exited during drain")
+        else:
+            await self._stop("drained" if end == "drained" else "drain deadline passed")
 
     async def _stop(self, reason: str) -> None:
         self.machine.to(S.STOPPING, reason)
