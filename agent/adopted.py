@@ -62,6 +62,10 @@ class AdoptedEngine:
         """Exited, even before the next poll notices (``returncode`` is set then)."""
         return self.returncode is not None or process_gone(self.pid, self.created)
 
+    @property
+    def how_it_ended(self) -> str:
+        return "still running" if self.returncode is None else "exit code unknown"  # it went to its parent
+
     def log_tail(self) -> list[str]:
         """The engine's last lines, from the log file it writes (its earlier lines included)."""
         return last_lines(self.log_path)

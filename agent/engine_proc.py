@@ -32,13 +32,17 @@ REAP_GRACE_SECONDS = 1.0
 
 
 class Exits(Protocol):
-    """What ``reap_if_dead`` needs of an engine: ``EngineProcess`` and ``agent.adopted.AdoptedEngine``."""
+    """What ``reap_if_dead`` and ``with_exit`` need of an engine: ``EngineProcess`` and
+    ``agent.adopted.AdoptedEngine``."""
 
     @property
     def returncode(self) -> int | None: ...
 
     @property
     def gone(self) -> bool: ...
+
+    @property
+    def how_it_ended(self) -> str: ...
 
     async def exited(self) -> int: ...
 
@@ -50,6 +54,12 @@ async def reap_if_dead(proc: Exits, grace: float = REAP_GRACE_SECONDS) -> bool:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(proc.exited(), grace)
     return proc.returncode is not None
+
+
+def with_exit(reason: str, proc: Exits) -> str:
+    """``reason`` for a failure of an engine that ended of itself, with how it ended."""
+    how = proc.how_it_ended
+    return f"{reason} ({how})" if "exited" in reason else f"{reason}; the engine had exited ({how})"
 
 
 def describe_exit(code: int) -> str:
@@ -163,6 +173,10 @@ class EngineProcess:
     def gone(self) -> bool:
         """Exited, even if the exit is not yet reaped (``returncode`` is set only once it is)."""
         return self.proc.returncode is not None or process_gone(self.pid)
+
+    @property
+    def how_it_ended(self) -> str:
+        return "still running" if self.proc.returncode is None else describe_exit(self.proc.returncode)
 
     async def exited(self) -> int:
         """The leader's exit code, as soon as it exits.

@@ -25,7 +25,7 @@ from agent.config import BackoffConfig, ReplicaConfig
 from agent.desired import Want
 from agent.drain import drain
 from agent.engine_log import last_lines
-from agent.engine_proc import EngineProcess, describe_exit, reap_if_dead
+from agent.engine_proc import EngineProcess, reap_if_dead, with_exit
 from agent.event_journal import EventJournal
 from agent.phases import Outcome, first_of
 from agent.pidfile import PidFile, end_group
@@ -352,9 +352,8 @@ class ReplicaSupervisor:
         if proc is not None and proc.returncode is None:
             await proc.kill()
         await self._reap(reason)
-        if died:  # of itself: say how, a SIGKILL is the OOM killer's (an adopted engine's code went elsewhere)
-            how = describe_exit(self.last_exit_code or 0) if isinstance(proc, EngineProcess) else "exit code unknown"
-            reason = f"{reason} ({how})" if "exited" in reason else f"{reason}; the engine had exited ({how})"
+        if died and proc is not None:  # of itself: say how (a SIGKILL is most often the OOM killer's)
+            reason = with_exit(reason, proc)
         delay = self.window.record(self.mono())
         if delay is None:
             self.machine.to(S.BACKOFF, reason)
