@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def serve(config: AgentConfig) -> int:
-    """Run the agent until SIGINT/SIGTERM; every managed engine is stopped before this returns."""
+    """Run the agent until SIGINT, SIGTERM or SIGHUP; every managed engine is stopped before this returns."""
     try:
         gpu = open_backend(config.gpu_backend, config.sim_gpu_dir, config.sim_gpu_count,
                            config.recorded_gpu_file)
@@ -42,7 +42,9 @@ async def serve(config: AgentConfig) -> int:
         return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP (the terminal closed) stops the agent as SIGTERM does, its engines drained and stopped first. No
+    # reload: the settings are read once, at start.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     try:
         tls = control_plane_ssl_context(config.control_plane_ca_file, config.control_plane_pin_sha256)

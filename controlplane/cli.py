@@ -6,6 +6,7 @@ Settings come from defaults, then ``--config FILE``, then ``PITSTOP_SERVER_*`` v
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -88,6 +89,10 @@ def _serve(config: ServerConfig, log_level: str) -> int:
     scheme = "https" if config.tls_cert_file else "http"
     print(f"pitstop server: listening on {scheme}://{config.host}:{config.port} "
           f"(database {_safe_url(config.database_url)}; docs at /docs)", flush=True)
+    # SIGHUP (the terminal closed) stops the server as SIGTERM does: uvicorn's orderly shutdown, which stops the
+    # policy process too. No reload: the settings are read once, at start. Left at its default, SIGHUP would
+    # end this process at once, skipping the shutdown.
+    signal.signal(signal.SIGHUP, lambda _sig, _frame: signal.raise_signal(signal.SIGTERM))
     uvicorn.run(app, host=config.host, port=config.port, log_level=log_level,
                 ssl_certfile=config.tls_cert_file, ssl_keyfile=config.tls_key_file)
     return 0

@@ -7,16 +7,18 @@ policy process whether it leads (a shared flag, set on every election tick), pok
 (the round runs ``policy_debounce_seconds`` later, once per burst) and reads back each round's duration and
 the actions its rounds finished (suppressed, shadow, a page) for its ``/metrics``. The policy process writes
 only what a round writes (action records, alerts, applied desired state), through its own database connection;
-it exits when its parent does.
+it exits when its parent does, however the parent ended.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import signal
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from multiprocessing.sharedctypes import Synchronized
@@ -104,15 +106,17 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
     """The policy process: a round every ``policy_interval_seconds`` and after pokes, while the parent leads;
     while it follows, the same pace keeps the sample history current (``PolicyRounds.follow``).
 
-    It ignores SIGINT and SIGTERM: a Ctrl-C or a stop signal to the process group is the API process's to
-    handle, which then stops this one in order; one killed mid-wait could leave a shared lock taken and hang
-    the API process's shutdown. It also ends when the API process is gone.
+    It ignores SIGINT, SIGTERM and SIGHUP: a Ctrl-C, a stop signal to the process group or a closed terminal
+    is the API process's to handle, which then stops this one in order; one killed mid-wait could leave a
+    shared lock taken and hang the API process's shutdown. It ends the moment the API process is gone, however
+    that went (SIGKILL included): see ``_exit_with_parent``.
 
     It runs at a lower CPU priority (``policy_process_nice``): where cores are short, a round may take longer,
     but agents' reports and operators' requests are answered first.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    _exit_with_parent(parent)
     if config.policy_process_nice:
         os.nice(config.policy_process_nice)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s policy: %(message)s")
@@ -153,6 +157,29 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
                 held.value = len(runner.samples)
     finally:
         engine.dispose()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this process as soon as the API process that started it is gone.
+
+    multiprocessing hands a spawned child the read end of a pipe whose only write end its parent holds
+    (``parent_process().sentinel``): it reads end-of-file the moment the parent dies, of any signal. A thread
+    waits on it. Not prctl's PR_SET_PDEATHSIG: that follows the thread that started the child, here a thread
+    pool's worker (the app's lifespan runs ``Jobs.start`` in one), which may end while the server runs on.
+    """
+    if os.getppid() != parent:  # it was gone before this process got here
+        os._exit(0)
+    parent_proc = multiprocessing.parent_process()
+    if parent_proc is None:  # not started by multiprocessing: nothing to watch
+        return
+
+    def exit_when_gone() -> None:
+        multiprocessing.connection.wait([parent_proc.sentinel])
+        # Abrupt on purpose: nobody is left to stop this process in order; the database rolls back what a
+        # round had not committed, as it would after a SIGKILL.
+        os._exit(0)
+
+    threading.Thread(target=exit_when_gone, name="parent-watch", daemon=True).start()
 
 
 def _follow(runner: Any) -> None:

@@ -1,4 +1,4 @@
-"""What the demo prints while it runs and at the end: each action as it happens, the fault plan and the timeline.
+"""What the demo prints: its URLs, each action as it happens, the fault plan and, at the end, the timeline.
 
 Reads the control plane's API (``/v1/actions``, ``/v1/events``) with the demo's operator token; the timeline
 itself is ``demo_faults.timeline``'s.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,13 +25,13 @@ class Api:
 
     url: str
     token: str
+    timeout: float = 10.0  # seconds per request: the demo's stop waits on it, so it keeps it short
 
     def get(self, path: str, **params: int | str) -> list[dict[str, object]]:
         resp = httpx.get(f"{self.url}{path}", params=params, headers={"Authorization": f"Bearer {self.token}"},
-                         timeout=10)
+                         timeout=self.timeout)
         resp.raise_for_status()
         return list(resp.json())
-
 
 
 def report_actions(api: Api, seen: dict[int, str], clock: float) -> None:
@@ -75,4 +75,21 @@ def print_plan(faults: Sequence[Fault], overlay: Sequence[demo_faults.Overlay], 
         print("Demo overlay (the shipped policy files are unchanged; these copies replace them for this run only):")
         for line in demo_faults.overlay_lines(overlay):
             print(line)
+    print(flush=True)
+
+
+def print_banner(urls: Mapping[str, object], replica_urls: list[str], manifest: Path) -> None:
+    print()
+    print("Pitstop demo is up:")
+    if urls["console"]:
+        print(f"  console          {urls['console']}")
+    print(f"  control plane    {urls['api']}   (API docs: {urls['api_docs']})")
+    print(f"  agent /metrics   {urls['agent_metrics']}")
+    for url in replica_urls:
+        print(f"  replica          {url}   (vLLM API, /metrics)")
+    if urls.get("prometheus"):
+        print(f"  Prometheus       {urls['prometheus']}   (targets: {urls['prometheus']}/targets)")
+    if urls.get("alertmanager"):
+        print(f"  Alertmanager     {urls['alertmanager']}")
+    print(f"  URLs and the demo's tokens (agent, operator) are in {manifest}. Ctrl-C stops everything.")
     print(flush=True)
