@@ -48,7 +48,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -67,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.harness.figures import shown_path, write_json  # noqa: E402  (the standard library only)
+from bench.harness.ports import free_port  # noqa: E402  (the standard library only)
 
 TARGET_CPU_PERCENT = 1.0
 TARGET_RSS_MB = 80.0
@@ -75,12 +75,6 @@ NODE_EXPORTER_MISSING = ("node_exporter not found: the agent is measured alone. 
                          "it (Debian, Ubuntu: `apt-get install -y prometheus-node-exporter`, without enabling the "
                          "service: the benchmark starts its own) or pass --node-exporter PATH to a node_exporter "
                          "binary (https://github.com/prometheus/node_exporter/releases).")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(pred: Any, timeout: float, what: str) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness.ports import free_port
 from enginesim.loadgen import LoadSpec, run_load
 from enginesim.profiles import H100_LLAMA_8B
 from enginesim.virtual_load import run_virtual_load
@@ -54,12 +54,6 @@ def virtual(args: argparse.Namespace) -> None:
                       r.preemptions))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _scrape(url: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
@@ -79,7 +73,7 @@ def http(args: argparse.Namespace) -> None:
 
 def _http_row(args: argparse.Namespace, seqs: int, gpu_dir: Path) -> None:
     """Start one simulator at ``seqs``, warm it, load it, print its row, stop it."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "pitstop.cli", "sim", "serve", "bench-model", "--port",
                              str(port), "--max-num-seqs", str(seqs), "--sim-startup-seconds", "0",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,12 +10,9 @@ from typing import Any
 
 import httpx
 
+from bench.harness.ports import free_port
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["SteadyTraffic", "free_port", "http_ok", "serve_in_thread", "wait_until"]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1, what: str = "condition") -> None:

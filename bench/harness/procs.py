@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -11,15 +10,12 @@ from types import TracebackType
 
 import httpx
 
+from bench.harness.ports import free_port
 from pitstop.demo import Child
 
+__all__ = ["PITSTOP", "Processes", "free_port", "http_ok", "wait_until"]
+
 PITSTOP = [sys.executable, "-m", "pitstop.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
@@ -55,6 +51,13 @@ class Processes:
         child.start()
         self.children.append(child)
         return child
+
+    def wait_serving(self, child: Child, url: str, timeout: float) -> None:
+        """Wait for ``url`` to answer 200; fail at once, with the log, if ``child`` exits first (a port it could
+        not bind, a config it refused) instead of waiting out ``timeout`` for a server that is gone."""
+        wait_until(lambda: not child.alive() or http_ok(url), timeout, what=f"{child.name} at {url}")
+        if not child.alive():
+            raise RuntimeError(f"{child.name} exited before serving {url}:\n{self.log(child.name)[-3000:]}")
 
     def log(self, name: str) -> str:
         path = self.logs / f"{name}.log"

@@ -104,9 +104,9 @@ def _start_server(tmp: Path, processes: StackProcesses, hooks: dict[str, Receivi
                       "routes": [{"receiver": name, "continue": True} for name in RECEIVERS]},
         },
     }))
-    processes.start("server", "server", "--config", str(config))
+    server = processes.start("server", "server", "--config", str(config))
     cp = f"http://127.0.0.1:{port}"
-    wait_until(lambda: http_ok(f"{cp}/healthz"), 60, what="the control plane")
+    processes.wait_serving(server, f"{cp}/healthz", 60)
     return cp
 
 
@@ -128,9 +128,9 @@ def _start_agent(tmp: Path, processes: StackProcesses, cp: str) -> tuple[str, in
              "stop_timeout": 5, "drain_timeout": 2},
         ],
     }))
-    processes.start("agent", "agent", "--config", str(config))
+    child = processes.start("agent", "agent", "--config", str(config))
     agent = f"http://127.0.0.1:{agent_port}"
-    wait_until(lambda: http_ok(f"{agent}/healthz"), 60, what="the agent")
+    processes.wait_serving(child, f"{agent}/healthz", 60)
     return agent, wedged_port
 
 
@@ -166,12 +166,12 @@ def _alertmanager_config(tmp: Path, cp: str, sink: Receiving) -> Path:
 def _start_alertmanager(tmp: Path, processes: StackProcesses, config: Path) -> str:
     assert ALERTMANAGER is not None
     port = free_port()
-    processes.start_argv("alertmanager", [
+    child = processes.start_argv("alertmanager", [
         ALERTMANAGER, f"--config.file={config}", f"--storage.path={tmp / 'am-data'}",
         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
     ])
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: http_ok(f"{url}/-/ready"), 60, what="Alertmanager ready")
+    processes.wait_serving(child, f"{url}/-/ready", 60)
     return url
 
 

@@ -7,18 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pitstop.demo import Child
-from tests.integration.conftest import Processes
+from bench.harness.procs import Processes
 
-
-class StackProcesses(Processes):
-    """``Processes`` that can also start a non-Pitstop binary (Prometheus, Alertmanager)."""
-
-    def start_argv(self, name: str, argv: list[str]) -> Child:
-        child = Child(name, argv, self.logs / f"{name}.log")
-        child.start()
-        self.children.append(child)
-        return child
+# Pitstop's processes and any binary beside them (Prometheus, Alertmanager): ``Processes.start_argv``.
+StackProcesses = Processes
 
 
 @pytest.fixture
