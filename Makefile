@@ -48,8 +48,12 @@ lint: $(STAMP)
 	@command -v amtool >/dev/null || { echo "amtool not found: run make deps (Debian package prometheus-alertmanager)"; exit 1; }
 	amtool check-config alerts/alertmanager.yml
 
+# Side by side in TEST_WORKERS workers: most slow tests wait on timers, not on the CPU. A test that measures the
+# machine is marked solo and runs alone; a module sharing one costly fixture stays on one worker (tests/conftest.py).
+TEST_WORKERS ?= 3
+
 test: deps real-vllm lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 unit: $(STAMP)
 	$(BIN)/pytest -m 'not slow'

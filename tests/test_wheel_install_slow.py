@@ -29,7 +29,7 @@ from packaging.requirements import Requirement
 from tests.helpers import free_port, http_ok, wait_until
 from tests.observability.fake_grafana import FakeGrafana
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]  # one wheel built and installed per run
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = {"dashboards": ROOT / "dashboards", "alerts": ROOT / "alerts", "runbooks": ROOT / "runbooks",

@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.agent_cost import find_node_exporter  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.solo]  # it measures the agent's share of a core
 
 
 def run_quick(out: Path, *extra: str) -> tuple[str, dict[str, Any]]:

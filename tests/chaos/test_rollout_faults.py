@@ -39,6 +39,8 @@ from tests.helpers import wait_until
 
 pytestmark = [
     pytest.mark.slow,
+    # One fleet of three nodes under load at a time: the cases run one after another on one worker.
+    pytest.mark.xdist_group("chaos"),
     pytest.mark.skipif(shutil.which("haproxy") is None and not Path("/usr/sbin/haproxy").exists(),
                        reason="needs Debian's haproxy"),
 ]

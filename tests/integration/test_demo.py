@@ -20,7 +20,8 @@ import pytest
 
 from tests.helpers import http_ok, wait_until
 
-pytestmark = pytest.mark.slow
+# Every demo takes the first free port from 8000 up: two at once would race for them.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]
 
 # The fault timeline at half speed: its faults within 50 s of the fleet being up, Pitstop's last act (the
 # canary's rollout to every replica) within about two minutes.
