@@ -50,7 +50,7 @@ lint: $(STAMP)
 
 # Side by side in TEST_WORKERS workers: most slow tests wait on timers, not on the CPU. A test that measures the
 # machine is marked solo and runs alone; a module sharing one costly fixture stays on one worker (tests/conftest.py).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 
 test: deps real-vllm lint
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup

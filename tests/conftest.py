@@ -2,9 +2,9 @@
 
 - Ports: each worker draws loopback ports from its own block (``bench.harness.ports``), so two workers never
   hand the same port to two servers, and no outgoing connection can take a port between its choice and its bind.
-- ``solo``: a test that measures the machine (a benchmark's CPU share, a real vLLM on the CPU) runs alone. Before
-  each test a worker takes a shared lock, a ``solo`` test an exclusive one; a turnstile lock in front of both
-  lets a waiting ``solo`` test in before any test that arrives after it, so it is never starved.
+- ``solo``: a test that measures the machine (a CPU share, reaction times compared, millisecond timings) runs
+  alone. Before each test a worker takes a shared lock, a ``solo`` test an exclusive one; a turnstile lock in front
+  of both lets a waiting ``solo`` test in before any test that arrives after it, so it is never starved.
 - ``xdist_group``: a module whose tests share one costly module-scoped fixture (a real vLLM, a fleet) is kept on
   one worker by ``--dist loadgroup`` (set in pyproject.toml).
 """

@@ -40,6 +40,7 @@ def test_rolling_restart_drops_nothing_with_drain_and_drops_without(tmp_path: Pa
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.solo  # Pitstop's and the stock pipeline's reaction times, compared
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus and alertmanager")
 def test_fault_to_action_pitstop_acts_before_the_stock_pipeline_alerts(tmp_path: Path) -> None:
     doc = run_quick("fault_to_action.py", tmp_path / "f2a.json")
@@ -80,6 +81,7 @@ def test_leak_is_caught_before_exhaustion_and_flat_memory_never_is(tmp_path: Pat
 
 
 @pytest.mark.timeout(480)
+@pytest.mark.solo  # the simulated engines' inter-token latency is what the SLO reads
 def test_governor_meets_the_itl_slo_on_real_processes_by_lowering_max_num_seqs(tmp_path: Path) -> None:
     doc = run_quick("governor.py", tmp_path / "gov.json", timeout=460)
     ladder = doc["settings"]["ladder"]
@@ -132,6 +134,7 @@ def test_cp_storm_both_retry_modes_bring_every_agent_back(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.solo  # Pitstop's and the stock pipeline's paging times, compared
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus and alertmanager")
 def test_fault_to_page_pitstop_pages_before_the_stock_pipeline(tmp_path: Path) -> None:
     doc = run_quick("fault_to_page.py", tmp_path / "f2p.json")

@@ -32,7 +32,7 @@ from tests.agent.conftest import AgentProcess, ControlPlaneStandIn, group_alive
 from tests.helpers import free_port, http_ok, wait_until
 from tests.integration.real_vllm import START_TIMEOUT, require_real_vllm, vllm_replica
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.solo, pytest.mark.xdist_group("real-vllm")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("real-vllm")]
 
 REPO = Path(__file__).resolve().parents[2]
 require_real_vllm()

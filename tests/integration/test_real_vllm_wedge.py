@@ -36,8 +36,7 @@ from tests.helpers import free_port, http_ok, wait_until
 from tests.integration.conftest import Processes
 from tests.integration.real_vllm import START_TIMEOUT, require_real_vllm, vllm_replica
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.solo,
-              pytest.mark.xdist_group("real-vllm-wedge")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("real-vllm-wedge")]
 
 require_real_vllm()
 

@@ -15,7 +15,8 @@ from tests.helpers import free_port, http_ok, wait_until
 from tests.sim.conftest import StartSim
 from tests.sim.streams import StreamRecord, stream_chat
 
-pytestmark = pytest.mark.slow
+# Client-side timings are compared with the engine's own to milliseconds: alone, on a quiet machine.
+pytestmark = [pytest.mark.slow, pytest.mark.solo]
 LABELS = {"model_name": "test-model", "engine": "0"}
 
 
