@@ -30,6 +30,23 @@ def config_text(*, port: int, socket_path: Path, servers: Mapping[str, tuple[int
     lines = "\n".join(f"  server {name} 127.0.0.1:{engine_port} check addr 127.0.0.1 port {agent_port}"
                       for name, (engine_port, agent_port) in servers.items())
     extra = f"  {backend_extra}\n" if backend_extra else ""
+    # A request an engine took but never began to answer (killed, crashed, OOM) is sent again to another server.
+    # HAProxy's default (`retry-on conn-failure`) retries only a request it could not send at all. One it sent
+    # on a kept-alive server connection, or on one the kernel accepted just before the engine died, gets nothing
+    # back; HAProxy then answers a client connection's first request with 502 (SH--), and for a later one closes
+    # the client's connection without a response and without a log line, leaving the retry to the client
+    # (http_ana.c, "abort_keep_alive": the keep-alive race a browser retries). Most clients do not retry a POST;
+    # httpx raises "Server disconnected without sending a response". So:
+    # - `retry-on conn-failure empty-response`: HAProxy resends a request that got not one byte back. Nothing
+    #   reached the client, and a completion has no side effect to repeat.
+    # - `option http-buffer-request`: HAProxy keeps a copy to resend only of a request it had whole when it first
+    #   sent it (stconn.c drops the L7 retry otherwise). httpx, like most clients, writes the headers and the
+    #   body separately, and without this HAProxy forwards the headers alone. A request larger than
+    #   tune.bufsize less tune.maxrewrite (16 KiB less 1 KiB by default) is never retried.
+    # - `option redispatch`: with leastconn and more than one server UP, each retry goes to another server
+    #   (HAProxy 2.6.7 and later; before, only the last one did).
+    # A request whose response had begun (a stream cut mid-way) is never retried: its client saw part of it.
+    # `retries 3` also bounds the harm of a request that itself kills engines: it reaches at most four.
     return f"""global
   stats socket {socket_path} mode 600 level admin
   maxconn 4096
@@ -41,6 +58,8 @@ defaults
   timeout server {timeout_s}s
   retries 3
   option redispatch
+  retry-on conn-failure empty-response
+  option http-buffer-request
 
 frontend api
   bind 127.0.0.1:{port}
