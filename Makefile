@@ -9,7 +9,7 @@ RUN_STAMP := $(VENV)/.pitstop-runtime-installed
 .PHONY: demo test lint unit deps real-vllm clean help
 
 help:
-	@echo "make demo   - control plane + agent + three simulated vLLM replicas + console, until Ctrl-C"
+	@echo "make demo   - control plane + agent + four simulated vLLM replicas + console + load and faults, until Ctrl-C"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make unit   - only the fast tests (no real processes)"
 

@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "policy": ("controlplane.policy_cli", "main", "check remediation policy files, explain what they would do"),
     "dashboards": ("pitstop.dashboards", "main", "push the Grafana dashboards through Grafana's HTTP API"),
     "files": ("pitstop.files", "main", "where the shipped dashboards, alert rules, runbooks and policies are"),
-    "demo": ("pitstop.demo", "main", "control plane + agent + three simulated replicas + console + load"),
+    "demo": ("pitstop.demo", "main", "control plane + agent + four simulated replicas + console + load"),
     # On-call's terminal: the console's reads and safe actions through the API (token: PITSTOP_TOKEN).
     "status": ("pitstop.opscli", "status_main", "the fleet at a glance: SLO status per model, nodes, automation"),
     "replicas": ("pitstop.opscli", "replicas_main", "replicas with latency, queue, KV cache, memory [--model M]"),
