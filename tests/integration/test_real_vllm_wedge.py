@@ -213,7 +213,8 @@ def test_a_frozen_engine_core_leaves_rotation_and_is_restarted(fleet: Fleet) -> 
     clients = [threading.Thread(target=client, daemon=True) for _ in range(4)]
     for t in clients:
         t.start()
-    wait_until(lambda: (fleet.replica().get("engine") or {}).get("generation_tokens_per_second", 0) > 0, 30,
+    # The rate is None until two scrapes of the engine have been taken: keep waiting, do not compare None.
+    wait_until(lambda: ((fleet.replica().get("engine") or {}).get("generation_tokens_per_second") or 0) > 0, 30,
                what="the clients generating")
     core.send_signal(signal.SIGSTOP)
     frozen = time.monotonic()
