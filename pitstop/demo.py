@@ -355,10 +355,11 @@ class Demo:
         stop = Stop(time.monotonic() + STOP_GRACE, mark=str(self.state))
         # All but the control plane now: the agent drains and stops its engines while the timeline is read.
         stop.terminate(c for c in self.started if c is not self.server)
+        api = None
         if self.api_ours and self.server.alive():
             stop.wait([self.load], time.monotonic() + LOAD_WAIT)  # its last figures go into the timeline
-            write_timeline(Api(self.api.url, self.api.token, timeout=TIMELINE_TIMEOUT), self.faults, self.clock,
-                           self.load_stats, self.state / "timeline.json")
+            api = Api(self.api.url, self.api.token, timeout=TIMELINE_TIMEOUT)
+        write_timeline(api, self.faults, self.clock, self.load_stats, self.state / "timeline.json")
         stop.terminate(self.started)
         left = stop.finish()
         (self.state / "demo.json").unlink(missing_ok=True)  # its URLs are nobody's now

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -47,18 +48,27 @@ def report_actions(api: Api, seen: dict[int, str], clock: float) -> None:
               f"-> {state}{outcome}", flush=True)
 
 
-def write_timeline(api: Api, faults: Sequence[Fault], clock: float | None, load_stats: Path, out: Path) -> None:
-    """Read what Pitstop did from the control plane; print the timeline and write it as JSON."""
-    try:
-        actions = api.get("/v1/actions", limit=1000)
-        events = api.get("/v1/events", limit=5000)
-    except (httpx.HTTPError, ValueError) as exc:
-        print(f"pitstop demo: could not read the control plane for the timeline: {exc}", file=sys.stderr)
-        return
+def write_timeline(api: Api | None, faults: Sequence[Fault], clock: float | None, load_stats: Path,
+                   out: Path) -> None:
+    """Read what Pitstop did from the control plane; print the timeline and write it as JSON. Without the
+    control plane (``api`` None: a demo stopped before it was up, or one that does not answer) the timeline is
+    still written, with what the demo itself knows and why Pitstop's side is missing."""
+    actions: list[Any] = []
+    events: list[Any] = []
+    read = "the control plane was not up"
+    if api is not None:
+        try:
+            actions = api.get("/v1/actions", limit=1000)
+            events = api.get("/v1/events", limit=5000)
+            read = "read"
+        except (httpx.HTTPError, ValueError) as exc:
+            read = f"could not be read: {exc}"
+            print(f"pitstop demo: the control plane {read}", file=sys.stderr)
     load = json.loads(load_stats.read_text()) if load_stats.exists() else None
     gpu_of = {f"replica-{i}": i for i in range(64)}
     doc = demo_faults.timeline(faults, clock or time.time(), actions, events, gpu_of, time.time())
     doc["load"] = load
+    doc["control_plane"] = read
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print()
     for line in demo_faults.render(doc, load):

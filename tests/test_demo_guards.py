@@ -3,6 +3,7 @@ a state dir at a time, and a lost stdout is noticed and diverted to the log."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from pitstop import demo_lock
 from pitstop.demo_ports import PortNotOurs, check_owner, pick_ports
+from pitstop.demo_report import write_timeline
 from tests.helpers import free_port, wait_until
 
 # A process that starts a child listening on the port, so the listener is a descendant, not the process itself.
@@ -107,3 +109,11 @@ def test_a_closed_stdout_is_noticed_and_what_follows_goes_to_the_log(tmp_path: P
     proc.stdout.close()
     assert proc.wait(timeout=30) == 0
     assert log.read_text() == "after\nto stderr\n"
+
+
+def test_a_timeline_without_the_control_plane_is_written_and_says_why(tmp_path: Path) -> None:
+    out = tmp_path / "timeline.json"
+    write_timeline(None, [], None, tmp_path / "no-load.json", out)
+    doc = json.loads(out.read_text())
+    assert doc["control_plane"] == "the control plane was not up"
+    assert doc["load"] is None

@@ -166,6 +166,21 @@ def test_its_stdout_reader_gone_stops_the_demo_which_finishes_into_its_log(tmp_p
         assert "every process stopped" in log, log
 
 
+def test_a_demo_whose_reader_goes_before_it_is_up_still_stops_everything_and_writes_the_timeline(
+        tmp_path: Path) -> None:
+    """`pitstop demo | head -1`: the reader is gone after the first line, long before the fleet is up."""
+    state = tmp_path / "state"
+    demo = Demo(tmp_path, state, *MINIMAL, pipe=True)
+    with cleanup(state, demo):
+        assert demo.proc.stdout is not None
+        _read_until(demo.proc.stdout, b"\n", UP_TIMEOUT)
+        since = time.monotonic()
+        demo.proc.stdout.close()
+        assert demo.stopped_within(STOPPED_WITHIN, since) == 0, demo.output()
+        # Written even so, saying whether Pitstop's side could be read (it usually was not up yet).
+        assert "control_plane" in json.loads((state / "timeline.json").read_text())
+
+
 def test_sighup_stops_the_whole_fleet(tmp_path: Path) -> None:
     """Everything the demo starts: four engines, the console, the load, Prometheus and Alertmanager when they
     are installed."""
