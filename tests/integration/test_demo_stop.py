@@ -17,14 +17,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
 import psutil
 import pytest
 
+from bench.harness.ports import bindable
+from pitstop.demo_procs import marked
 from tests.helpers import wait_until
 
 # Every demo takes the first free ports from 8000 up: two at once would race for them.
@@ -37,14 +40,7 @@ UP_TIMEOUT = 240.0  # from start to the banner, on a busy machine
 
 def _marked(state: Path) -> list[psutil.Process]:
     """Processes carrying the demo's mark for ``state`` that are alive (a zombie holds nothing)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("PITSTOP_DEMO_STATE") == str(state) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+    return marked(str(state))
 
 
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
@@ -134,7 +130,11 @@ def _read_until(stream: IO[bytes], marker: bytes, timeout: float) -> bytes:
     return got
 
 
-def _assert_clean_stop(demo: Demo, since: float) -> None:
+def _assert_clean_stop(demo: Demo, stop: Callable[[], object]) -> None:
+    """``stop`` (a signal, a closed pipe) ends the demo: exit 0, every process gone within STOPPED_WITHIN of it,
+    the timeline written."""
+    since = time.monotonic()
+    stop()
     assert demo.stopped_within(STOPPED_WITHIN, since) == 0, demo.output()
     assert (demo.state / "timeline.json").exists(), demo.output()
 
@@ -146,9 +146,7 @@ def test_a_stop_signal_stops_every_process_and_writes_the_timeline(tmp_path: Pat
     with cleanup(state, demo):
         demo.wait_up()
         assert len(_marked(state)) >= 3  # the control plane, the agent, its engine
-        since = time.monotonic()
-        demo.proc.send_signal(sig)
-        _assert_clean_stop(demo, since)
+        _assert_clean_stop(demo, partial(demo.proc.send_signal, sig))
         assert "every process stopped" in demo.output()
 
 
@@ -159,9 +157,7 @@ def test_its_stdout_reader_gone_stops_the_demo_which_finishes_into_its_log(tmp_p
     with cleanup(state, demo):
         assert demo.proc.stdout is not None
         _read_until(demo.proc.stdout, b"Ctrl-C stops everything", UP_TIMEOUT)
-        since = time.monotonic()
-        demo.proc.stdout.close()
-        _assert_clean_stop(demo, since)
+        _assert_clean_stop(demo, demo.proc.stdout.close)
         log = (state / "demo" / "logs" / "demo.log").read_text()
         assert "every process stopped" in log, log
 
@@ -174,9 +170,7 @@ def test_a_demo_whose_reader_goes_before_it_is_up_still_stops_everything_and_wri
     with cleanup(state, demo):
         assert demo.proc.stdout is not None
         _read_until(demo.proc.stdout, b"\n", UP_TIMEOUT)
-        since = time.monotonic()
-        demo.proc.stdout.close()
-        assert demo.stopped_within(STOPPED_WITHIN, since) == 0, demo.output()
+        _assert_clean_stop(demo, demo.proc.stdout.close)
         # Written even so, saying whether Pitstop's side could be read (it usually was not up yet).
         assert "control_plane" in json.loads((state / "timeline.json").read_text())
 
@@ -193,9 +187,7 @@ def test_sighup_stops_the_whole_fleet(tmp_path: Path) -> None:
             assert "prometheus" in monitoring, demo.output()
         # control plane and its policy process, agent, four engines, console, load, and the monitoring
         assert len(_marked(state)) >= 9 + len(monitoring), _marked(state)
-        since = time.monotonic()
-        demo.proc.send_signal(signal.SIGHUP)
-        _assert_clean_stop(demo, since)
+        _assert_clean_stop(demo, partial(demo.proc.send_signal, signal.SIGHUP))
 
 
 def test_a_second_demo_names_the_first_and_replace_takes_over(tmp_path: Path) -> None:
@@ -218,9 +210,7 @@ def test_a_second_demo_names_the_first_and_replace_takes_over(tmp_path: Path) ->
             assert "every process stopped" in first.output(), first.output()
             assert not _alive(first_fleet)
             assert third.wait_up()["pid"] == third.proc.pid
-            since = time.monotonic()
-            third.proc.send_signal(signal.SIGINT)
-            _assert_clean_stop(third, since)
+            _assert_clean_stop(third, partial(third.proc.send_signal, signal.SIGINT))
 
 
 def test_what_a_sigkilled_demo_left_is_stopped_by_the_next(tmp_path: Path) -> None:
@@ -237,19 +227,13 @@ def test_what_a_sigkilled_demo_left_is_stopped_by_the_next(tmp_path: Path) -> No
             assert "processes an earlier demo left running" in second.output(), second.output()
             assert not _alive(orphans)
             assert urls["pid"] == second.proc.pid
-            since = time.monotonic()
-            second.proc.send_signal(signal.SIGINT)
-            _assert_clean_stop(second, since)
+            _assert_clean_stop(second, partial(second.proc.send_signal, signal.SIGINT))
 
 
 def _first_bindable(port: int) -> int:
-    while True:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                port += 1
+    while not bindable(port):
+        port += 1
+    return port
 
 
 def _listen(family: socket.AddressFamily, host: str, port: int) -> socket.socket:
@@ -282,9 +266,7 @@ def test_a_port_held_by_another_process_is_never_reported_as_the_demos(tmp_path:
             assert not [u for u in reported if int(u.rsplit(":", 1)[1]) in foreign], (foreign, reported)
             printed = demo.output()
             assert not [p for p in foreign if f":{p}" in printed], (foreign, printed)
-            since = time.monotonic()
-            demo.proc.send_signal(signal.SIGINT)
-            _assert_clean_stop(demo, since)
+            _assert_clean_stop(demo, partial(demo.proc.send_signal, signal.SIGINT))
     finally:
         for s in held:
             s.close()
