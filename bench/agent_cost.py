@@ -66,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.harness.figures import shown_path, write_json  # noqa: E402  (the standard library only)
+from bench.harness.http import probe  # noqa: E402
 from bench.harness.ports import free_port  # noqa: E402  (the standard library only)
 
 TARGET_CPU_PERCENT = 1.0
@@ -232,7 +233,7 @@ class NodeExporter:
                 raise RuntimeError(f"node_exporter exited with {self.proc.returncode}: "
                                    f"{self.log_path.read_text()[-2000:]}")
             try:
-                return httpx.get(self.url, timeout=5).status_code == 200
+                return probe.get(self.url, timeout=5).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -343,7 +344,7 @@ def one_run(args: argparse.Namespace, n: int, node_exporter: str | None) -> RunR
                         raise RuntimeError(f"the agent exited with {proc.returncode}: "
                                            f"{(tmp / 'agent.out').read_text()[-3000:]}")
                     try:
-                        states = [r["state"] for r in httpx.get(f"{url}/v1/replicas", timeout=5).json()]
+                        states = [r["state"] for r in probe.get(f"{url}/v1/replicas", timeout=5).json()]
                     except (httpx.HTTPError, ValueError):
                         return False
                     return len(states) == args.replicas and all(s == "READY" for s in states)

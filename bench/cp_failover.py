@@ -36,6 +36,8 @@ from pathlib import Path
 import httpx
 from sqlalchemy import select
 
+from bench.harness.http import probe
+
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-agent-token"
 
@@ -61,7 +63,7 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.base}/readyz", timeout=1).status_code == 200:
+                if probe.get(f"{self.base}/readyz", timeout=1).status_code == 200:
                     return time.time()
             except httpx.HTTPError:
                 time.sleep(0.1)

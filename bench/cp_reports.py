@@ -56,6 +56,7 @@ from agent.wire import (  # noqa: E402
     ReplicaStatus,
 )
 from bench.harness.figures import shown_path  # noqa: E402
+from bench.harness.http import probe  # noqa: E402
 
 TOKEN = "bench-agent-token"
 
@@ -137,7 +138,7 @@ def server(url: str, port: int, workdir: Path) -> Iterator[subprocess.Popen[byte
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                if probe.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)
@@ -193,7 +194,7 @@ def seed_history(url: str, agents: int, gpus: int, replicas: int, interval: floa
 
 def policy_round_stats(base: str) -> dict[str, float]:
     """The server's own policy rounds and report batches so far, from its /metrics."""
-    text = httpx.get(f"{base}/metrics", timeout=10).text
+    text = probe.get(f"{base}/metrics", timeout=10).text
     values = {}
     for line in text.splitlines():
         for family, key in (("pitstop_cp_policy_round_seconds", ""), ("pitstop_cp_report_batch_size", "batch_")):

@@ -61,6 +61,7 @@ from bench.fault_to_action import (  # the same faults on the same fleet
 )
 from bench.harness.figures import fmt, host_note, median, ratio, table, write_json
 from bench.harness.fleet import Fleet, ListenWatch, server_config, wall
+from bench.harness.http import probe
 from bench.harness.pager import PagerDutyReceiver
 from bench.harness.policy_loop import server_runs_policies
 from bench.harness.procs import Processes, free_port, http_ok, wait_until
@@ -310,7 +311,7 @@ def storm_run(tmp: Path, count: int, nodes: int, settle: float, batches: int = S
 
 def _get(url: str) -> str:
     try:
-        return httpx.get(url, timeout=5).text
+        return probe.get(url, timeout=5).text
     except httpx.HTTPError:
         return ""
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness.http import probe
 from bench.harness.ports import free_port
 from enginesim.loadgen import LoadSpec, run_load
 from enginesim.profiles import H100_LLAMA_8B
@@ -56,7 +57,7 @@ def virtual(args: argparse.Namespace) -> None:
 
 def _scrape(url: str) -> dict[str, float]:
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+    for family in text_string_to_metric_families(probe.get(url + "/metrics").text):
         for sample in family.samples:
             out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
     return out
@@ -83,7 +84,7 @@ def _http_row(args: argparse.Namespace, seqs: int, gpu_dir: Path) -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                if httpx.get(url + "/health").status_code == 200:
+                if probe.get(url + "/health").status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)

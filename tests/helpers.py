@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from bench.harness.http import probe
 from bench.harness.ports import free_port
 
 __all__ = ["SteadyTraffic", "free_port", "http_ok", "serve_in_thread", "wait_until"]
@@ -27,7 +28,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
     try:
-        return httpx.get(url, timeout=timeout).status_code == 200
+        return probe.get(url, timeout=timeout).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -48,7 +49,7 @@ class SteadyTraffic:
 
     def _one(self) -> None:
         with contextlib.suppress(httpx.HTTPError):
-            httpx.post(self.url, json={"model": "tiny", "prompt": "hello", "max_tokens": 16}, timeout=self.timeout)
+            probe.post(self.url, json={"model": "tiny", "prompt": "hello", "max_tokens": 16}, timeout=self.timeout)
 
     def _run(self) -> None:
         while not self.stop.wait(self.every):

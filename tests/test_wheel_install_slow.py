@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-import httpx
 import pytest
 from packaging.requirements import Requirement
 
+from bench.harness.http import probe
 from tests.helpers import free_port, http_ok, wait_until
 from tests.observability.fake_grafana import FakeGrafana
 
@@ -175,7 +175,7 @@ def server(installed: Installed) -> Iterator[str]:
 
 
 def test_the_server_with_no_config_runs_the_shipped_policies(installed: Installed, server: str) -> None:
-    answer = httpx.get(f"{server}/v1/policies", timeout=10).json()
+    answer = probe.get(f"{server}/v1/policies", timeout=10).json()
     assert answer["errors"] == []
     assert {p["name"] for p in answer["policies"]} == {p.stem for p in SHIPPED["policies"].glob("*.yaml")}
     assert [Path(s).is_relative_to(installed.site_packages) for s in answer["sources"]] == [True]

@@ -10,6 +10,7 @@ from types import TracebackType
 
 import httpx
 
+from bench.harness.http import probe
 from bench.harness.ports import free_port
 from pitstop.demo import Child
 
@@ -20,7 +21,7 @@ PITSTOP = [sys.executable, "-m", "pitstop.cli"]
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
     try:
-        return httpx.get(url, timeout=timeout).status_code == 200
+        return probe.get(url, timeout=timeout).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 import uvicorn
@@ -20,6 +19,7 @@ import yaml
 from fastapi import FastAPI, Request
 
 from agent.wire import DesiredState, NodeReport
+from bench.harness.http import probe
 from tests.helpers import free_port, http_ok, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ class AgentProcess:
         self.engine_pids: set[int] = set()
 
     def replicas(self) -> list[dict[str, Any]]:
-        return list(httpx.get(f"{self.url}/v1/replicas", timeout=5).json())
+        return list(probe.get(f"{self.url}/v1/replicas", timeout=5).json())
 
     def replica(self, name: str) -> dict[str, Any]:
         found = next(r for r in self.replicas() if r["name"] == name)

@@ -22,6 +22,7 @@ from agent.gpu.sim import SimGpuBackend
 from agent.node import Agent
 from agent.orphans import OrphanWatch, candidates
 from agent.wire import DesiredState
+from bench.harness.http import probe
 from tests.agent.conftest import AgentProcess, ControlPlaneStandIn, group_alive
 from tests.agent.test_agent_slow import sim_replica
 from tests.helpers import wait_until
@@ -105,7 +106,7 @@ def test_cordon_drains_and_keeps_stopped_then_uncordon_converges_back(
     stand_in.desired = DesiredState(node="test-node", cordoned=True)
     agent.wait_state("a", "STOPPED")
     assert group_alive(first) == []
-    metrics = httpx.get(f"{agent.url}/metrics").text
+    metrics = probe.get(f"{agent.url}/metrics").text
     assert 'pitstop_node_cordoned{node="test-node"} 1.0' in metrics
     events = [e for r in stand_in.reports for e in r.events if e.replica == "a"]
     assert ("READY", "DRAINING") in [(e.from_state, e.to_state) for e in events]  # drained, not killed
@@ -118,4 +119,4 @@ def test_cordon_drains_and_keeps_stopped_then_uncordon_converges_back(
     stand_in.desired = DesiredState(node="test-node", cordoned=False)
     assert agent.wait_state("a", "READY")["process"]["pid"] != first
     assert agent.replica("b")["state"] == "STOPPED"  # uncordon restores what was wanted, not more
-    assert 'pitstop_node_cordoned{node="test-node"} 0.0' in httpx.get(f"{agent.url}/metrics").text
+    assert 'pitstop_node_cordoned{node="test-node"} 0.0' in probe.get(f"{agent.url}/metrics").text

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import httpx
 import pytest
 
 from agent.wire import DesiredState
+from bench.harness.http import probe
 from tests.agent.conftest import AgentProcess, ControlPlaneStandIn
 from tests.agent.test_agent_slow import sim_replica
 from tests.helpers import wait_until
@@ -26,7 +26,7 @@ def test_cordoning_gpu_1_drains_only_its_replica_and_uncordoning_brings_it_back(
     agent.wait_state("b", "STOPPED")
     events = [e for r in stand_in.reports for e in r.events if e.replica == "b"]
     assert ("READY", "DRAINING") in [(e.from_state, e.to_state) for e in events]  # drained, not killed
-    metrics = httpx.get(f"{agent.url}/metrics").text
+    metrics = probe.get(f"{agent.url}/metrics").text
     assert 'pitstop_gpu_cordoned{gpu="1",node="test-node"} 1.0' in metrics
     assert 'pitstop_gpu_cordoned{gpu="0",node="test-node"} 0.0' in metrics
     assert 'pitstop_node_cordoned{node="test-node"} 0.0' in metrics
@@ -41,6 +41,6 @@ def test_cordoning_gpu_1_drains_only_its_replica_and_uncordoning_brings_it_back(
     assert (a["state"], a["process"]["pid"]) == ("READY", a_pid)
     stand_in.desired = DesiredState(node="test-node")
     assert agent.wait_state("b", "READY")["process"]["pid"] != b_pid
-    assert 'pitstop_gpu_cordoned{gpu="1",node="test-node"} 0.0' in httpx.get(f"{agent.url}/metrics").text
+    assert 'pitstop_gpu_cordoned{gpu="1",node="test-node"} 0.0' in probe.get(f"{agent.url}/metrics").text
     assert any(e.kind == "cordon" and "GPU 1 uncordoned" in e.message
                for r in stand_in.reports for e in r.events if e.replica == "b")

@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel
 
 from agent.wire import NodeReport, ReplicaState, ReplicaStatus
+from bench.harness.http import probe
 from controlplane.policy import conditions as c
 from controlplane.policy.detectors import stall
 from controlplane.policy.policy import Policy
@@ -138,7 +139,7 @@ def request(engine: str) -> None:
     """A little traffic, as any serving engine has: latency and request rates are windows over requests, so
     without any they are rightly null (a canary alone would feed them, and hide what the canary itself feeds)."""
     with contextlib.suppress(httpx.HTTPError):
-        httpx.post(f"{engine}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=5)
+        probe.post(f"{engine}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4}, timeout=5)
 
 
 def test_every_shipped_policy_gets_what_it_reads_from_a_default_agent(

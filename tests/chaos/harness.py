@@ -27,6 +27,7 @@ import psutil
 import yaml
 
 from bench.harness.haproxy import config_text, servers_up
+from bench.harness.http import probe
 from tests.helpers import free_port, http_ok, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +114,7 @@ class Node:
     def status(self) -> dict[str, Any] | None:
         """The replica as its agent sees it, or None while the agent does not answer."""
         try:
-            body: dict[str, Any] = httpx.get(f"{self.url}/v1/replicas/{self.replica}", timeout=1.0).json()
+            body: dict[str, Any] = probe.get(f"{self.url}/v1/replicas/{self.replica}", timeout=1.0).json()
             return body
         except (httpx.HTTPError, ValueError):
             return None
@@ -269,7 +270,7 @@ class Fleet:
 
     # -- the control plane's API ----------------------------------------------------------------------------
     def get(self, path: str, **params: str) -> Any:
-        return httpx.get(f"{self.cp}{path}", params=params, timeout=10).raise_for_status().json()
+        return probe.get(f"{self.cp}{path}", params=params, timeout=10).raise_for_status().json()
 
     def cp_replicas(self) -> list[dict[str, Any]]:
         try:
@@ -278,7 +279,7 @@ class Fleet:
             return []
 
     def rolling_restart(self) -> dict[str, Any]:
-        answer = httpx.post(f"{self.cp}/v1/models/{MODEL}/actions", json={"kind": "rolling_restart"}, timeout=10)
+        answer = probe.post(f"{self.cp}/v1/models/{MODEL}/actions", json={"kind": "rolling_restart"}, timeout=10)
         assert answer.status_code == 201, answer.text
         body: dict[str, Any] = answer.json()
         return body

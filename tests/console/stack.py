@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.harness.http import probe
 from pitstop.demo import Child
 from tests.helpers import free_port, http_ok
 
@@ -144,7 +145,7 @@ class Stack:
     # -- the API, as the person ------------------------------------------------------------------------------
     def get(self, path: str, **params: Any) -> Any:
         headers = {"Authorization": f"Bearer {self.person_token}"}
-        response = httpx.get(f"{self.api_url}{path}", params=params, headers=headers, timeout=30)
+        response = probe.get(f"{self.api_url}{path}", params=params, headers=headers, timeout=30)
         response.raise_for_status()
         return response.json()
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from streamlit.runtime.context import ContextProxy
 from streamlit.testing.v1 import AppTest
 
+from bench.harness.http import probe
 from controlplane.api.app import create_app
 from controlplane.config import ServerConfig
 from controlplane.console import reads
@@ -166,9 +166,9 @@ def test_behind_a_proxy_an_operator_acts_as_themself_through_the_service_token(
         click(at, "Restart")
         assert "guardrails: allowed" in texts(at)  # the preview went through as alice, too
         click(at, "Confirm: restart")
-        [done] = httpx.get(f"{url}/v1/actions", headers=OPERATOR).json()
+        [done] = probe.get(f"{url}/v1/actions", headers=OPERATOR).json()
         assert done["kind"] == "restart" and done["requested_by"] == "alice@example.com"
-        [entry] = httpx.get(f"{url}/v1/audit", headers=ADMIN).json()
+        [entry] = probe.get(f"{url}/v1/audit", headers=ADMIN).json()
         assert (entry["actor"], entry["role"], entry["detail"]["via"]) == (
             "alice@example.com", "operator", "config:operator-1")
 

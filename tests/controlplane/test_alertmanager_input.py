@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import uvicorn
 import yaml
@@ -21,6 +20,7 @@ from fastapi.testclient import TestClient
 from jsonschema import Draft202012Validator
 from sqlalchemy import func, select
 
+from bench.harness.http import probe
 from controlplane.api import alertmanager
 from controlplane.api.app import create_app
 from controlplane.cli import main
@@ -409,7 +409,7 @@ def live_control_plane(tmp_path: Path) -> Iterator[str]:
     try:
         wait_until(lambda: http_ok(f"{url}/healthz"), timeout=15, what="control plane to listen")
         fresh = {**fleet_report(), "sent_at": datetime.now(UTC).isoformat()}
-        assert httpx.post(f"{url}/v1/agents/gpu-a/report", json=fresh, headers=bearer(AGENT)).status_code == 200
+        assert probe.post(f"{url}/v1/agents/gpu-a/report", json=fresh, headers=bearer(AGENT)).status_code == 200
         yield url
     finally:
         server.should_exit = True
@@ -455,10 +455,10 @@ def test_the_real_alertmanager_delivers_to_the_control_plane(real_alertmanager: 
     alert = {"labels": {"alertname": "TTFTHigh", "node": "gpu-a", "replica": "r0", "severity": "critical"},
              "annotations": {"summary": "TTFT p99 above 1 s"}, "startsAt": started.isoformat(),
              "generatorURL": "http://prometheus.example:9090/graph?g0.expr=ttft"}
-    assert httpx.post(f"{real_alertmanager}/api/v2/alerts", json=[alert]).status_code == 200
+    assert probe.post(f"{real_alertmanager}/api/v2/alerts", json=[alert]).status_code == 200
 
     def listed() -> list[dict[str, Any]]:
-        answer: list[dict[str, Any]] = httpx.get(f"{live_control_plane}/v1/alerts", headers=bearer(VIEWER)).json()
+        answer: list[dict[str, Any]] = probe.get(f"{live_control_plane}/v1/alerts", headers=bearer(VIEWER)).json()
         return answer
 
     log = tmp_path / "alertmanager.log"
@@ -470,7 +470,7 @@ def test_the_real_alertmanager_delivers_to_the_control_plane(real_alertmanager: 
     assert got["annotations"]["generator_url"] == alert["generatorURL"]
     # Ended in Alertmanager: the resolve arrives and closes the same row.
     ended = {**alert, "endsAt": (datetime.now(UTC) - timedelta(seconds=1)).isoformat()}
-    assert httpx.post(f"{real_alertmanager}/api/v2/alerts", json=[ended]).status_code == 200
+    assert probe.post(f"{real_alertmanager}/api/v2/alerts", json=[ended]).status_code == 200
     wait_until(lambda: [a["state"] for a in listed()] == ["resolved"], timeout=30, what=f"the resolve ({log})")
-    metrics = httpx.get(f"{live_control_plane}/metrics").text
+    metrics = probe.get(f"{live_control_plane}/metrics").text
     assert 'pitstop_cp_alertmanager_alerts_total{target="replica"}' in metrics

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 
+from bench.harness.http import probe
 from tests.controlplane.fixtures import body, replica, report
 
 NODES, REPORTS = 8, 6
@@ -33,6 +34,6 @@ def test_concurrent_reports_from_many_nodes_all_land(live_api: str) -> None:
     for t in threads:
         t.join(timeout=60)
     assert statuses == [200] * (NODES * REPORTS)
-    nodes = httpx.get(f"{live_api}/v1/nodes", headers={"Authorization": "Bearer look"}, timeout=10).json()
+    nodes = probe.get(f"{live_api}/v1/nodes", headers={"Authorization": "Bearer look"}, timeout=10).json()
     assert sorted((n["name"], n["reports_total"], n["replica_count"]) for n in nodes) == [
         (f"node-{n}", REPORTS, 4) for n in range(NODES)]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import httpx
 import pytest
 
 from agent.wire import ReplicaState
+from bench.harness.http import probe
 from tests.console.served import open_console, texts
 from tests.controlplane.fixtures import body, replica, report
 from tests.helpers import free_port
@@ -18,7 +18,7 @@ def test_page_shows_reported_replicas(live_api: str, monkeypatch: pytest.MonkeyP
     for seq, sent in ((1, now), (2, now + timedelta(seconds=5))):
         reps = [replica("chat-0", restarts=4), replica("chat-1", state=ReplicaState.BACKOFF)]
         r = report(sequence=seq, sent_at=sent, replicas=reps)
-        httpx.post(f"{live_api}/v1/agents/gpu-a/report", json=body(r), timeout=10,
+        probe.post(f"{live_api}/v1/agents/gpu-a/report", json=body(r), timeout=10,
                    headers={"Authorization": "Bearer agent"}).raise_for_status()
     page = open_console(monkeypatch, live_api, "look")
     assert not page.error
@@ -63,7 +63,7 @@ def test_the_replicas_page_reads_one_page_of_a_big_fleet(live_api: str, monkeypa
     for node in nodes:  # 54 each: a report carries at most 64
         reps = [replica(f"r{i:02d}", state=ReplicaState.FATAL if (node, i) == ("gpu-e", 53) else ReplicaState.READY)
                 for i in range(54)]
-        httpx.post(f"{live_api}/v1/agents/{node}/report", json=body(report(node, sent_at=now, replicas=reps)),
+        probe.post(f"{live_api}/v1/agents/{node}/report", json=body(report(node, sent_at=now, replicas=reps)),
                    timeout=10, headers={"Authorization": "Bearer agent"}).raise_for_status()
     page = open_console(monkeypatch, live_api, "look", page="views/replicas.py")
     assert not page.exception and not page.error

@@ -9,13 +9,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import uvicorn
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from agent.wire import DesiredState, NodeReport, ReplicaEvent
+from bench.harness.http import probe
 from controlplane.api.app import create_app
 from controlplane.config import ServerConfig
 from controlplane.fleet.desired import DesiredChange, set_desired
@@ -233,13 +233,13 @@ def test_a_busy_control_plane_answers_503_with_retry_after(tmp_path: Path) -> No
         blocker = sqlite3.connect(str(db), isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
         first: list[int] = []
-        sender = threading.Thread(target=lambda: first.append(httpx.post(
+        sender = threading.Thread(target=lambda: first.append(probe.post(
             f"{base}/v1/agents/a/report", json=live("a"), headers=auth, timeout=30).status_code))
         try:
             sender.start()
-            wait_until(lambda: "pitstop_cp_report_backlog 1.0" in httpx.get(f"{base}/metrics").text,
+            wait_until(lambda: "pitstop_cp_report_backlog 1.0" in probe.get(f"{base}/metrics").text,
                        timeout=10, what="the first report to wait for the database")
-            busy = httpx.post(f"{base}/v1/agents/b/report", json=live("b"), headers=auth, timeout=10)
+            busy = probe.post(f"{base}/v1/agents/b/report", json=live("b"), headers=auth, timeout=10)
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()
@@ -247,9 +247,9 @@ def test_a_busy_control_plane_answers_503_with_retry_after(tmp_path: Path) -> No
         assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
         assert "retry later" in busy.json()["detail"]
         assert first == [200]
-        again = httpx.post(f"{base}/v1/agents/b/report", json=live("b"), headers=auth, timeout=10)
+        again = probe.post(f"{base}/v1/agents/b/report", json=live("b"), headers=auth, timeout=10)
         assert again.status_code == 200
-        assert 'pitstop_cp_reports_rejected_total{reason="backlogged"} 1.0' in httpx.get(f"{base}/metrics").text
+        assert 'pitstop_cp_reports_rejected_total{reason="backlogged"} 1.0' in probe.get(f"{base}/metrics").text
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 import pytest
 
+from bench.harness.http import probe
 from tests.controlplane.fixtures import body, replica, report
 from tests.helpers import free_port, http_ok, wait_until
 
@@ -64,13 +64,13 @@ def server(tmp_path: Path) -> Iterator[str]:
 def test_server_process_accepts_a_report(server: str, tmp_path: Path) -> None:
     # A real server judges sent_at against its own clock: the report is sent now.
     r = report(replicas=[replica("chat-0")], sent_at=datetime.now(UTC))
-    answer = httpx.post(f"{server}/v1/agents/gpu-a/report", json=body(r), timeout=10)
+    answer = probe.post(f"{server}/v1/agents/gpu-a/report", json=body(r), timeout=10)
     assert answer.status_code == 200 and answer.json()["node"] == "gpu-a"
-    replicas = httpx.get(f"{server}/v1/replicas", timeout=10).json()
+    replicas = probe.get(f"{server}/v1/replicas", timeout=10).json()
     assert [x["name"] for x in replicas] == ["chat-0"]
     # With no flags the database lands in ./.pitstop/ of the working directory.
     assert (tmp_path / ".pitstop" / "pitstop.db").exists()
-    assert "pitstop_cp_reports_received_total" in httpx.get(f"{server}/metrics", timeout=10).text
+    assert "pitstop_cp_reports_received_total" in probe.get(f"{server}/metrics", timeout=10).text
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_console_in_a_real_browser_shows_replicas_as_they_arrive(server: str, co
             assert "any-token" not in page.url
             # The page refreshes by itself: a report posted now shows up without a reload.
             r = report(replicas=[replica("chat-0"), replica("chat-1")], sent_at=datetime.now(UTC))
-            httpx.post(f"{server}/v1/agents/gpu-a/report", json=body(r), timeout=10).raise_for_status()
+            probe.post(f"{server}/v1/agents/gpu-a/report", json=body(r), timeout=10).raise_for_status()
             page.get_by_text("2 of 2 serving").wait_for(timeout=30_000)
             # Streamlit keeps the previous run's elements until the new run replaces them.
             page.get_by_text("No replica has reported yet").wait_for(state="detached", timeout=30_000)

@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 
+from bench.harness.http import probe
 from tests.helpers import http_ok, wait_until
 
 # Every demo takes the first free port from 8000 up: two at once would race for them.
@@ -63,7 +63,7 @@ def demo(tmp_path: Path, *args: str) -> Iterator[dict[str, Any]]:
 
 
 def _api(urls: dict[str, Any], path: str) -> Any:
-    return httpx.get(f"{urls['api']}{path}", headers={"Authorization": f"Bearer {urls['operator_token']}"},
+    return probe.get(f"{urls['api']}{path}", headers={"Authorization": f"Bearer {urls['operator_token']}"},
                      timeout=5).json()
 
 
@@ -81,7 +81,7 @@ def test_calm_demo_serves_four_ready_replicas_under_load_and_acts_on_nothing(tmp
         assert all(r["state"] == "READY" for r in replicas), replicas
 
         def tokens() -> float:
-            text = httpx.get(urls["agent_metrics"], timeout=3).text
+            text = probe.get(urls["agent_metrics"], timeout=3).text
             return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                        if line.startswith("pitstop_engine_generation_tokens_per_second{"))
 
@@ -131,7 +131,7 @@ def test_demo_starts_prometheus_scraping_the_agent_and_every_engine(tmp_path: Pa
             assert http_ok(f"{urls['alertmanager']}/-/ready")
 
         def up() -> dict[str, int]:
-            targets = httpx.get(f"{urls['prometheus']}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+            targets = probe.get(f"{urls['prometheus']}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
             counts: dict[str, int] = {}
             for t in targets:
                 if t["health"] == "up":

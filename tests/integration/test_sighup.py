@@ -17,6 +17,7 @@ import psutil
 import pytest
 import yaml
 
+from bench.harness.http import probe
 from tests.controlplane.fixtures import body, replica, report
 from tests.helpers import free_port, http_ok, wait_until
 
@@ -85,7 +86,7 @@ def test_server_stops_on_sighup_as_on_sigterm_with_its_policy_process(
 
 
 def _rounds(url: str) -> float:
-    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+    for line in probe.get(f"{url}/metrics", timeout=5).text.splitlines():
         if line.startswith("pitstop_cp_policy_round_seconds_count"):
             return float(line.split()[-1])
     return 0.0
@@ -97,7 +98,7 @@ def test_server_killed_with_sigkill_leaves_no_policy_process(
     url = f"http://127.0.0.1:{yaml.safe_load((tmp_path / 'server.yaml').read_text())['port']}"
     # A report pokes the policy process: once its round is counted it is back in its wait, ten minutes long.
     r = report(replicas=[replica("chat-0")], sent_at=datetime.now(UTC))
-    assert httpx.post(f"{url}/v1/agents/gpu-a/report", json=body(r), timeout=10).status_code == 200
+    assert probe.post(f"{url}/v1/agents/gpu-a/report", json=body(r), timeout=10).status_code == 200
     wait_until(lambda: _rounds(url) >= 1, 30, interval=0.3, what="a policy round")
     proc.kill()  # no shutdown at all: the policy process must notice by itself
     proc.wait()
@@ -124,14 +125,14 @@ def test_agent_stops_on_sighup_as_on_sigterm_engines_drained_and_stopped(tmp_pat
     try:
         def ready() -> bool:
             try:
-                replicas = httpx.get(f"{url}/v1/replicas", timeout=5).json()
+                replicas = probe.get(f"{url}/v1/replicas", timeout=5).json()
             except (httpx.HTTPError, ValueError):
                 return agent.poll() is not None
             return bool(replicas and replicas[0]["state"] == "READY")
 
         wait_until(ready, 90, interval=0.3, what="the replica READY")
         assert agent.poll() is None, log.read_text()
-        engine = psutil.Process(httpx.get(f"{url}/v1/replicas", timeout=5).json()[0]["process"]["pid"])
+        engine = psutil.Process(probe.get(f"{url}/v1/replicas", timeout=5).json()[0]["process"]["pid"])
         agent.send_signal(signal.SIGHUP)
         assert agent.wait(timeout=60) == 0, log.read_text()
         # As on SIGTERM: the engine was drained and stopped before the agent exited, not left to be adopted.

@@ -11,6 +11,7 @@ import httpx
 import pytest
 import yaml
 
+from bench.harness.http import probe
 from tests.helpers import free_port, http_ok, wait_until
 from tests.integration.conftest import Processes
 
@@ -23,7 +24,7 @@ READ = {"Authorization": f"Bearer {VIEWER}"}
 
 def _replicas(url: str) -> list[dict[str, Any]]:
     try:
-        data = httpx.get(url, headers=READ, timeout=3).json()
+        data = probe.get(url, headers=READ, timeout=3).json()
     except (httpx.HTTPError, ValueError):
         return []
     return data if isinstance(data, list) else data.get("replicas", data.get("items", []))
@@ -93,9 +94,9 @@ def test_agent_supervises_simulated_replicas_and_the_control_plane_sees_them(
 
     wait_until(all_ready_in_control_plane, 90, what="two READY replicas in the control plane")
     for name in ("r0", "r1"):
-        assert httpx.get(f"{agent}/v1/replicas/{name}/ready", timeout=3).status_code == 200
+        assert probe.get(f"{agent}/v1/replicas/{name}/ready", timeout=3).status_code == 200
 
-    nodes = httpx.get(f"{api}/v1/nodes", headers=READ, timeout=3).json()
+    nodes = probe.get(f"{api}/v1/nodes", headers=READ, timeout=3).json()
     nodes = nodes if isinstance(nodes, list) else nodes.get("nodes", [])
     assert [n["name"] for n in nodes] == ["it-node"]
     # The agent reports its host's memory: the limit the leak detector projects an engine's RSS against.
@@ -103,7 +104,7 @@ def test_agent_supervises_simulated_replicas_and_the_control_plane_sees_them(
 
     # Traffic through one engine shows up as engine figures in the control plane.
     for _ in range(3):
-        r = httpx.post(
+        r = probe.post(
             f"http://127.0.0.1:{engine_ports[0]}/v1/completions",
             json={"model": "tiny", "prompt": "hello there", "max_tokens": 8},
             timeout=30,
@@ -111,14 +112,14 @@ def test_agent_supervises_simulated_replicas_and_the_control_plane_sees_them(
         assert r.status_code == 200
 
     def gpus_reported() -> bool:
-        gpus = httpx.get(f"{api}/v1/gpus", headers=READ, timeout=3).json()
+        gpus = probe.get(f"{api}/v1/gpus", headers=READ, timeout=3).json()
         gpus = gpus if isinstance(gpus, list) else gpus.get("gpus", [])
         return len(gpus) == 2 and all(g.get("temperature_celsius") is not None for g in gpus)
 
     wait_until(gpus_reported, 30, what="two simulated GPUs with temperatures in the control plane")
 
     # The agent's Prometheus endpoint exports the replica state.
-    metrics = httpx.get(f"{agent}/metrics", timeout=3).text
+    metrics = probe.get(f"{agent}/metrics", timeout=3).text
     assert 'pitstop_replica_state{' in metrics
 
     # An engine killed behind the agent's back is restarted and counted.
@@ -130,6 +131,6 @@ def test_agent_supervises_simulated_replicas_and_the_control_plane_sees_them(
         return row is not None and row.get("restarts_total", 0) >= 1 and row.get("state") == "READY"
 
     wait_until(restarted, 90, what="r0 restarted after kill -9 and READY again")
-    events = httpx.get(f"{api}/v1/events", params={"replica": "r0"}, headers=READ, timeout=3).json()
+    events = probe.get(f"{api}/v1/events", params={"replica": "r0"}, headers=READ, timeout=3).json()
     events = events if isinstance(events, list) else events.get("events", [])
     assert any(e.get("to_state") == "BACKOFF" for e in events), events

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from bench.harness.haproxy import HAProxy
+from bench.harness.http import probe
 from bench.harness.procs import Processes
 from tests.helpers import free_port, http_ok, wait_until
 
@@ -48,7 +49,7 @@ def _client(url: str, stop: threading.Event, out: list[Outcome]) -> None:
         started = time.monotonic()
         ok, error = False, None
         try:
-            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=CLIENT_TIMEOUT) as response:
+            with probe.stream("POST", f"{url}/v1/completions", json=body, timeout=CLIENT_TIMEOUT) as response:
                 lines = list(response.iter_lines()) if response.status_code == 200 else []
                 ok = "data: [DONE]" in lines
                 error = None if ok else f"HTTP {response.status_code}"
@@ -90,7 +91,7 @@ def test_a_wedged_replica_leaves_haproxy_and_no_new_request_fails(tmp_path: Path
         ready_off = time.monotonic()
         wait_until(lambda: haproxy.servers_up() == 1, 10, interval=0.05, what="HAProxy taking it out")
         lb_off = time.monotonic()
-        state = httpx.get(f"{agent}/v1/replicas/wedged", timeout=5).json()["state"]
+        state = probe.get(f"{agent}/v1/replicas/wedged", timeout=5).json()["state"]
         time.sleep(CLIENT_TIMEOUT + 5)  # long enough for a request sent after to fail, if it were to
         stop.set()
         for t in clients:

@@ -27,6 +27,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
+from bench.harness.http import probe
 from controlplane.notify.signing import verify
 from tests.helpers import SteadyTraffic, free_port, http_ok, wait_until
 from tests.notify.receiving import Receiving
@@ -180,7 +181,7 @@ def _start_alertmanager(tmp: Path, processes: StackProcesses, config: Path) -> s
 
 def _get(cp: str, path: str, **params: Any) -> Any:
     try:
-        response = httpx.get(f"{cp}{path}", params=params, headers=_bearer(VIEWER_TOKEN), timeout=5)
+        response = probe.get(f"{cp}{path}", params=params, headers=_bearer(VIEWER_TOKEN), timeout=5)
     except httpx.HTTPError:
         return None
     return response.json() if response.status_code == 200 else None

@@ -9,9 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
+from bench.harness.http import probe
 from pitstop.demo_prometheus import prometheus_config
 from tests.helpers import free_port, http_ok, wait_until
 from tests.observability.conftest import StackProcesses
@@ -123,13 +123,13 @@ def _run_prometheus(tmp: Path, processes: StackProcesses, config: Path, port: in
 
 def query(prometheus: str, expr: str) -> dict[str, Any]:
     """The /api/v1/query answer; a PromQL error comes back as status "error" (HTTP 400), not an exception."""
-    response = httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}, timeout=10)
+    response = probe.get(f"{prometheus}/api/v1/query", params={"query": expr}, timeout=10)
     body: dict[str, Any] = response.json()
     return body
 
 
 def firing(prometheus: str) -> list[dict[str, Any]]:
-    data = httpx.get(f"{prometheus}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+    data = probe.get(f"{prometheus}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
     return [a for a in data if a["state"] == "firing"]
 
 

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from bench.harness.http import probe
 from tests.helpers import SteadyTraffic, free_port, http_ok, wait_until
 from tests.observability.conftest import StackProcesses
 from tests.observability.rules import (
@@ -77,7 +78,7 @@ def _start_agent(tmp: Path, processes: StackProcesses) -> tuple[str, int]:
 
 def _ready(agent: str, name: str) -> bool:
     try:
-        return httpx.get(f"{agent}/v1/replicas/{name}/ready", timeout=3).status_code == 200
+        return probe.get(f"{agent}/v1/replicas/{name}/ready", timeout=3).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -109,7 +110,7 @@ def test_faults_fire_alerts_that_reach_the_webhook_with_runbooks(tmp_path: Path,
 
 def _live_agent_declares_every_agent_series_used(agent: str) -> None:
     """Every agent series a rule or panel names is declared (# TYPE) on a real agent's /metrics."""
-    text = httpx.get(f"{agent}/metrics", timeout=5).text
+    text = probe.get(f"{agent}/metrics", timeout=5).text
     declared = set()
     for line in text.splitlines():
         if line.startswith("# TYPE "):

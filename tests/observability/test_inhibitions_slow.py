@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
+from bench.harness.http import probe
 from tests.helpers import wait_until
 from tests.observability.conftest import StackProcesses
 from tests.observability.rules import ROOT
@@ -37,12 +37,12 @@ def _post(am: str, *alerts: dict[str, str]) -> None:
     now = datetime.now(UTC)
     body = [{"labels": labels, "startsAt": now.isoformat(), "endsAt": (now + timedelta(minutes=10)).isoformat()}
             for labels in alerts]
-    assert httpx.post(f"{am}/api/v2/alerts", json=body, timeout=5).status_code == 200
+    assert probe.post(f"{am}/api/v2/alerts", json=body, timeout=5).status_code == 200
 
 
 def _status(am: str) -> dict[tuple[str, str], dict[str, Any]]:
     """(alertname, node) -> Alertmanager's status of that alert."""
-    alerts = httpx.get(f"{am}/api/v2/alerts", timeout=5).json()
+    alerts = probe.get(f"{am}/api/v2/alerts", timeout=5).json()
     return {(a["labels"]["alertname"], a["labels"].get("node", "")): a["status"] for a in alerts}
 
 

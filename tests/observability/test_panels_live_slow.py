@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
+from bench.harness.http import probe
 from tests.helpers import SteadyTraffic, free_port, http_ok, wait_until
 from tests.observability.conftest import StackProcesses
 from tests.observability.rules import DASHBOARDS, dashboard_exprs, dashboard_variable_exprs, substitute
@@ -71,7 +71,7 @@ def _has(prom: str, expr: str) -> bool:
 
 
 def _replica_states(api: str) -> dict[str, str]:
-    rows = httpx.get(f"{api}/v1/replicas", headers={"Authorization": f"Bearer {VIEWER}"}, timeout=5).json()
+    rows = probe.get(f"{api}/v1/replicas", headers={"Authorization": f"Bearer {VIEWER}"}, timeout=5).json()
     return {r["name"]: r["state"] for r in (rows if isinstance(rows, list) else rows.get("replicas", []))}
 
 
@@ -109,7 +109,7 @@ def test_every_panel_of_every_dashboard_returns_data_on_a_live_fleet(tmp_path: P
         assert ttft and ttft[0]["metric"]["model_name"] and ttft[0]["metric"]["node"] == NODE
 
         # An operator's restart reaches its outcome: something for the actions panels and annotations.
-        restart = httpx.post(f"{api}/v1/replicas/{NODE}/r0/actions", json={"kind": "restart"},
+        restart = probe.post(f"{api}/v1/replicas/{NODE}/r0/actions", json={"kind": "restart"},
                              headers={"Authorization": f"Bearer {OPERATOR}"}, timeout=10)
         assert restart.status_code == 201, restart.text
         wait_until(lambda: _has(prom, 'pitstop_cp_actions_total{kind="restart", outcome="succeeded"} > 0'), 120,

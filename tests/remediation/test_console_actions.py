@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 
+from bench.harness.http import probe
 from controlplane.api.app import create_app
 from controlplane.console import actions
 from tests.console.served import click, open_console
@@ -59,10 +59,10 @@ def test_the_page_lists_a_proposal_and_approves_it(served: str, monkeypatch: pyt
     assert any("Circuit breaker closed" in c.value for c in page.caption)
     click(page, "Approve")  # asks first
     headers = {"Authorization": "Bearer op"}
-    [waiting] = httpx.get(f"{served}/v1/actions", params={"policy": "stall"}, headers=headers).json()
+    [waiting] = probe.get(f"{served}/v1/actions", params={"policy": "stall"}, headers=headers).json()
     assert waiting["state"] == "proposed"
     click(page, "Confirm: approve")
-    [done] = httpx.get(f"{served}/v1/actions", params={"policy": "stall"}, headers=headers).json()
+    [done] = probe.get(f"{served}/v1/actions", params={"policy": "stall"}, headers=headers).json()
     assert done["state"] == "running" and done["approved_by"] == "config:operator-0"
     page.run()  # the running restart's detail shows what it keeps of the old engine
     assert any("Captured before the restart" in m.value for m in page.markdown)

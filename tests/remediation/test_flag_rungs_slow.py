@@ -23,6 +23,7 @@ import httpx
 import pytest
 import yaml
 
+from bench.harness.http import probe
 from tests.helpers import free_port, http_ok, wait_until
 from tests.integration.conftest import Processes
 
@@ -180,7 +181,7 @@ class LeastConnLoad:
 
 def _get(url: str, **params: Any) -> Any:
     try:
-        return httpx.get(url, params=params, timeout=10).json()
+        return probe.get(url, params=params, timeout=10).json()
     except (httpx.HTTPError, ValueError):
         return None
 

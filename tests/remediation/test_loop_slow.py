@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from agent.stackdump import find_py_spy
+from bench.harness.http import probe
 from tests.helpers import SteadyTraffic, free_port, http_ok, wait_until
 from tests.integration.conftest import Processes
 
@@ -54,7 +55,7 @@ def _start(tmp: Path, processes: Processes) -> tuple[str, str, int]:
 
 def _restarts(cp: str) -> list[dict[str, Any]]:
     try:
-        rows: list[dict[str, Any]] = httpx.get(f"{cp}/v1/actions", params={"policy": "stall"}, timeout=5).json()
+        rows: list[dict[str, Any]] = probe.get(f"{cp}/v1/actions", params={"policy": "stall"}, timeout=5).json()
     except httpx.HTTPError:
         return []
     return [a for a in rows if a["kind"] == "restart"]
@@ -80,7 +81,7 @@ def test_a_wedged_engine_is_restarted_by_the_loop_and_ready_again(tmp_path: Path
             assert "main (enginesim/cli.py:" in captured["stack_dump"]  # the wedged engine's own frames
         else:
             assert captured["stack_dump_note"].startswith("no stack dump: py-spy not installed on node e2e")
-        replica = httpx.get(f"{cp}/v1/replicas/e2e/wedged", timeout=5).json()
+        replica = probe.get(f"{cp}/v1/replicas/e2e/wedged", timeout=5).json()
         assert replica["generation"] >= restart["params"]["applied"]["e2e/wedged"]
     finally:
         processes.stop_all()

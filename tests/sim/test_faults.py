@@ -10,6 +10,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness.http import probe
 from tests.helpers import http_ok, wait_until
 from tests.sim.conftest import StartSim
 from tests.sim.streams import stream_chat
@@ -29,7 +30,7 @@ def test_rss_leak_grows_real_memory(start_sim: StartSim) -> None:
 
 def vllm_series(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every ``vllm:`` sample of one /metrics scrape, by name and labels."""
-    response = httpx.get(url + "/metrics")
+    response = probe.get(url + "/metrics")
     assert response.status_code == 200
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(response.text) for s in family.samples
@@ -63,7 +64,7 @@ def test_hung_engine_stays_healthy_but_publishes_nothing(start_sim: StartSim, ga
     late = stream_chat(sim.url, 20, timeout=1.0)  # accepted, 200 headers, then no token within the timeout
     assert late.status == 200 and late.token_times == [] and not late.done and late.error == "ReadTimeout"
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(sim.url + "/v1/completions", timeout=0.5,
+        probe.post(sim.url + "/v1/completions", timeout=0.5,
                    json={"model": "test-model", "prompt": "hello", "max_tokens": 5})
     assert http_ok(sim.url + "/health")  # vllm#39863: /health says nothing about progress
     assert vllm_series(sim.url) == frozen  # new requests moved no gauge, counter or histogram
@@ -104,7 +105,7 @@ def test_error_rate_answers_that_share_with_500(start_sim: StartSim) -> None:
 def test_cuda_oom_when_one_request_outgrows_the_kv_cache(start_sim: StartSim) -> None:
     # 0.6 of the tiny profile's 2 GiB leaves 1024 tokens of KV; this request grows to 1150.
     sim = start_sim("--gpu-memory-utilization", "0.6")
-    response = httpx.post(sim.url + "/v1/completions", timeout=20, json={
+    response = probe.post(sim.url + "/v1/completions", timeout=20, json={
         "model": "test-model", "prompt": "x" * 4000, "max_tokens": 150, "ignore_eos": True})
     assert response.status_code == 500
     assert sim.proc.wait(timeout=10) != 0
@@ -145,7 +146,7 @@ def test_slow_all_reduce_raises_itl_until_the_custom_kernel_is_disabled(start_si
     body = {"model": "test-model", "prompt": "hello", "max_tokens": 10, "ignore_eos": True}
 
     def mean_itl(url: str) -> float:
-        assert httpx.post(url + "/v1/completions", json=body, timeout=20).status_code == 200
+        assert probe.post(url + "/v1/completions", json=body, timeout=20).status_code == 200
         total = metric(url, "vllm:inter_token_latency_seconds_sum")
         return total / metric(url, "vllm:inter_token_latency_seconds_count")
 

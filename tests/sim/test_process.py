@@ -11,6 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness.http import probe
 from tests.helpers import free_port, http_ok, wait_until
 from tests.sim.conftest import StartSim
 from tests.sim.streams import StreamRecord, stream_chat
@@ -22,7 +23,7 @@ LABELS = {"model_name": "test-model", "engine": "0"}
 
 def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
     want = labels or LABELS
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+    for family in text_string_to_metric_families(probe.get(url + "/metrics").text):
         for sample in family.samples:
             if sample.name == name and sample.labels == want:
                 return float(sample.value)
@@ -42,7 +43,7 @@ def test_cold_start_refuses_connections_then_warms_up(start_sim: StartSim) -> No
                     wait=False, startup=1.5)
     time.sleep(0.8)
     with pytest.raises(httpx.ConnectError):
-        httpx.get(sim.url + "/health", timeout=1)
+        probe.get(sim.url + "/health", timeout=1)
     sim.wait_ready()
     log = sim.output()
     warnings = [line for line in log.splitlines() if line.startswith("WARNING")]
@@ -52,7 +53,7 @@ def test_cold_start_refuses_connections_then_warms_up(start_sim: StartSim) -> No
     durations = []
     for _ in range(4):
         t0 = time.monotonic()
-        assert httpx.post(sim.url + "/v1/completions", json=body, timeout=10).status_code == 200
+        assert probe.post(sim.url + "/v1/completions", json=body, timeout=10).status_code == 200
         durations.append(time.monotonic() - t0)
     assert durations[0] > 2 * durations[-1], durations  # the first requests run on a cold engine
 
@@ -102,7 +103,7 @@ def test_sigterm_with_timeout_drains_in_flight_and_refuses_new(start_sim: StartS
     sim.terminate()
     time.sleep(0.2)
     assert http_ok(sim.url + "/health")  # vLLM keeps /health 200 while it drains
-    refused = httpx.post(sim.url + "/v1/completions", json={"model": "test-model", "prompt": "late"})
+    refused = probe.post(sim.url + "/v1/completions", json={"model": "test-model", "prompt": "late"})
     assert refused.status_code == 500
     thread.join(15)
     assert out and out[0].done and len(out[0].token_times) == 150
