@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import streamlit as st
 
-from controlplane.console.client import ApiUnavailable, TokenRefused, _get, auth_headers
+from controlplane.console.client import ApiUnavailable, TokenRefused, _get, auth_headers, tls_context
 
 # Shorter than any refresh: a page's parts read in one run agree, and the next refresh reads anew.
 READ_TTL_SECONDS = 2.0
@@ -27,7 +27,8 @@ Params = tuple[tuple[str, Any], ...]
 @st.cache_data(ttl=READ_TTL_SECONDS, show_spinner=False, max_entries=512)
 def _cached_get(api_url: str, token: str | None, timeout: float, path: str, params: Params,
                 on_behalf_of: str | None = None) -> tuple[datetime, Any]:
-    with httpx.Client(base_url=api_url, headers=auth_headers(token, on_behalf_of), timeout=timeout) as client:
+    with httpx.Client(base_url=api_url, headers=auth_headers(token, on_behalf_of), timeout=timeout,
+                      verify=tls_context()) as client:
         return datetime.now(UTC), _get(client, path, dict(params))
 
 
