@@ -48,9 +48,10 @@ lint: $(STAMP)
 	@command -v amtool >/dev/null || { echo "amtool not found: run make deps (Debian package prometheus-alertmanager)"; exit 1; }
 	amtool check-config alerts/alertmanager.yml
 
-# TEST_WORKERS > 1 runs the suite side by side in pytest-xdist workers (tests/conftest.py keeps them apart). One
-# by default: on two cores, tests that time real engines (canaries, drains, real vLLM's pace) fail beside others.
-TEST_WORKERS ?= 1
+# The suite runs in TEST_WORKERS pytest-xdist workers side by side (tests/conftest.py keeps them apart; a test
+# marked solo runs alone). Two by default: most slow tests wait on timers, so two workers fill two cores better
+# than one. TEST_WORKERS=1 runs everything in one process, one test after another.
+TEST_WORKERS ?= 2
 
 test: deps real-vllm lint
 	$(BIN)/pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)

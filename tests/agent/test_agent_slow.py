@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +19,7 @@ import psutil
 import pytest
 
 from agent.wire import DesiredState, ReplicaSpec
+from bench.harness.http import probe
 from tests.agent.conftest import AgentProcess, ControlPlaneStandIn, group_alive
 from tests.helpers import free_port, wait_until
 
@@ -34,8 +36,8 @@ def sim_replica(name: str = "r1", **extra: Any) -> dict[str, Any]:
 def test_replica_becomes_ready_and_is_observed(start_agent: Callable[..., AgentProcess]) -> None:
     agent = start_agent([sim_replica()])
     replica = agent.wait_state("r1", "READY")
-    assert httpx.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 200
-    assert httpx.get(f"{agent.url}/v1/replicas/nope/ready").status_code == 404
+    assert probe.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 200
+    assert probe.get(f"{agent.url}/v1/replicas/nope/ready").status_code == 404
     # The engine runs in its own process group, on the configured GPU.
     pid = replica["process"]["pid"]
     assert os.getpgid(pid) == pid
@@ -45,7 +47,7 @@ def test_replica_becomes_ready_and_is_observed(start_agent: Callable[..., AgentP
                what="an engine scrape counting the warmup's tokens")
     r = agent.replica("r1")
     assert r["process"]["rss_bytes"] > 0
-    metrics = httpx.get(f"{agent.url}/metrics").text
+    metrics = probe.get(f"{agent.url}/metrics").text
     assert 'pitstop_replica_state{model="tiny",node="test-node",replica="r1",state="READY"} 1.0' in metrics
 
 
@@ -70,7 +72,7 @@ def test_an_engine_that_exits_0_is_a_failure_and_goes_fatal(start_agent: Callabl
     assert replica["last_exit_code"] == 0
     assert replica["restarts_total"] == 2
     assert "engine core died" in replica["log_tail"]
-    assert httpx.get(f"{agent.url}/v1/replicas/quitter/ready").status_code == 503
+    assert probe.get(f"{agent.url}/v1/replicas/quitter/ready").status_code == 503
 
 
 def test_agent_shutdown_stops_every_engine(start_agent: Callable[..., AgentProcess]) -> None:
@@ -119,7 +121,7 @@ def test_reports_and_desired_generation_restart_with_new_args(
                                                                             engine_args=new_args, enabled=False)])
     agent.wait_state("r1", "STOPPED")
     assert group_alive(pid) == []
-    assert httpx.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 503
+    assert probe.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 503
 
 
 def test_control_plane_away_keeps_supervising(start_agent: Callable[..., AgentProcess]) -> None:
@@ -135,7 +137,7 @@ def long_stream(agent: AgentProcess, port: int, max_tokens: int) -> tuple[thread
 
     def stream() -> None:
         body = {"model": "tiny", "prompt": "tell me", "max_tokens": max_tokens, "stream": True}
-        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30) as response:
+        with probe.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30) as response:
             result["lines"] = [line for line in response.iter_lines() if line.startswith("data:")]
 
     streamer = threading.Thread(target=stream)
@@ -148,18 +150,19 @@ def long_stream(agent: AgentProcess, port: int, max_tokens: int) -> tuple[thread
 def test_drain_lets_in_flight_requests_finish_before_the_stop(
         start_agent: Callable[..., AgentProcess], control_plane: tuple[ControlPlaneStandIn, str]) -> None:
     stand_in, url = control_plane
-    spec = sim_replica(drain_timeout=20)
+    spec = sim_replica(drain_timeout=60)
     agent = start_agent([spec], control_plane=url)
     pid = agent.wait_state("r1", "READY")["process"]["pid"]
-    streamer, result = long_stream(agent, spec["port"], max_tokens=300)  # ~3 s when warm
+    # About 15 s when warm: still streaming when the agent, however loaded the host, reaches DRAINING.
+    streamer, result = long_stream(agent, spec["port"], max_tokens=1500)
     try:
         stand_in.desired = DesiredState(node="test-node", replicas=[ReplicaSpec(name="r1", generation=0,
                                                                                 engine_args=SIM_ARGS, enabled=False)])
         agent.wait_state("r1", "DRAINING", timeout=10)
-        assert httpx.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 503  # readiness off first
+        assert probe.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 503  # readiness off first
         assert streamer.is_alive()  # still streaming while draining
     finally:
-        streamer.join(timeout=30)
+        streamer.join(timeout=90)
     agent.wait_state("r1", "STOPPED", timeout=30)
     assert result["lines"][-1] == "data: [DONE]"  # the in-flight request was not aborted
     assert group_alive(pid) == []
@@ -253,15 +256,15 @@ def test_a_wedged_engine_reads_healthy_but_the_agent_takes_it_out_of_rotation(
     def send() -> None:
         body = {"model": "tiny", "prompt": "x", "max_tokens": 5000, "ignore_eos": True}
         with contextlib.suppress(httpx.HTTPError):
-            httpx.post(f"http://127.0.0.1:{spec['port']}/v1/completions", json=body, timeout=30)
+            probe.post(f"http://127.0.0.1:{spec['port']}/v1/completions", json=body, timeout=30)
 
     agent.wait_state("r1", "READY")
     threading.Thread(target=send, daemon=True).start()  # in flight when the engine wedges
     wedged = agent.wait_state("r1", "WEDGED", timeout=20)
     assert wedged["ready"] is False and wedged["canary_ok"] is False
-    assert httpx.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 503
-    assert httpx.get(f"http://127.0.0.1:{spec['port']}/health").status_code == 200
-    metrics = httpx.get(f"{agent.url}/metrics").text
+    assert probe.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 503
+    assert probe.get(f"http://127.0.0.1:{spec['port']}/health").status_code == 200
+    metrics = probe.get(f"{agent.url}/metrics").text
     assert 'pitstop_replica_state{model="tiny",node="test-node",replica="r1",state="WEDGED"} 1.0' in metrics
     time.sleep(3)  # it stays out: only a restart brings it back
     assert agent.replica("r1")["state"] == "WEDGED"
@@ -314,7 +317,7 @@ def test_attached_engine_is_watched_never_started(start_agent: Callable[..., Age
         engine.kill()
         engine.wait()
         agent.wait_state("ext", "UNREACHABLE", timeout=10)
-        assert httpx.get(f"{agent.url}/v1/replicas/ext/ready").status_code == 503
+        assert probe.get(f"{agent.url}/v1/replicas/ext/ready").status_code == 503
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(engine.pid, signal.SIGKILL)
@@ -322,16 +325,20 @@ def test_attached_engine_is_watched_never_started(start_agent: Callable[..., Age
 
 
 def test_a_wedged_engines_canary_does_not_hold_back_the_other_replicas(
-        start_agent: Callable[..., AgentProcess]) -> None:
+        start_agent: Callable[..., AgentProcess], tmp_path: Path) -> None:
     # The canary to a wedged engine waits out its whole timeout; the node's other signals must keep flowing.
-    wedged = sim_replica("r1", args=[*SIM_ARGS, "--fault-hang-after", "3"], warmup={"requests": 1, "max_tokens": 2})
+    # r1 hangs when the test writes its fault clock, once both replicas are READY, however long start-up took.
+    clock = tmp_path / "fault-clock"
+    wedged = sim_replica("r1", args=[*SIM_ARGS, "--fault-hang-after", "0", "--fault-clock-file", str(clock)],
+                         warmup={"requests": 1, "max_tokens": 2})
     healthy = sim_replica("r2", gpus=[1])
     agent = start_agent([wedged, healthy], canary_every=1, canary_timeout=30.0, sim_gpu_count=2)
     agent.wait_state("r1", "READY")
     agent.wait_state("r2", "READY")
-    wait_until(lambda: (agent.replica("r1").get("engine") or {}).get("stalled") is not None, 20,
-               what="a scrape of the wedged engine")
-    time.sleep(4)  # past the hang: r1's canary now waits on an engine that never answers
+    clock.write_text(f"{time.time()}")
+    engine_log = tmp_path / "state" / "logs" / "r1.log"
+    wait_until(lambda: "injected fault: hang" in engine_log.read_text(errors="replace"), 20,
+               what="r1's engine to hang")  # from now on r1's canary waits on an engine that never answers
     seen: set[float] = set()
 
     def fresh_canaries() -> bool:
@@ -358,7 +365,7 @@ def test_an_attached_engine_that_wedges_loses_readiness_only(start_agent: Callab
         wait_until(lambda: agent.replica("ext")["ready"] is False, 20, what="readiness off for the wedged engine")
         replica = agent.replica("ext")
         assert replica["state"] == "ATTACHED" and replica["canary_ok"] is False
-        assert httpx.get(f"{agent.url}/v1/replicas/ext/ready").status_code == 503
+        assert probe.get(f"{agent.url}/v1/replicas/ext/ready").status_code == 503
         assert engine.poll() is None  # still running: only watched
     finally:
         with contextlib.suppress(ProcessLookupError):

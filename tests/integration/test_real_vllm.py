@@ -28,11 +28,13 @@ import uvicorn
 import yaml
 
 from agent.wire import DesiredState, ReplicaSpec, ReplicaState
+from bench.harness.http import probe
 from tests.agent.conftest import AgentProcess, ControlPlaneStandIn, group_alive
 from tests.helpers import free_port, http_ok, wait_until
 from tests.integration.real_vllm import START_TIMEOUT, require_real_vllm, vllm_replica
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("real-vllm")]
+# solo: a real vLLM on CPU runs at the pace of the cores it gets, and its canaries and token progress read that pace.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("real-vllm"), pytest.mark.solo]
 
 REPO = Path(__file__).resolve().parents[2]
 require_real_vllm()
@@ -115,7 +117,7 @@ def _stream(url: str, max_tokens: int, results: list[dict[str, Any]],
             "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
     tokens, done, error = 0, False, None
     try:
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=180) as response:
+        with probe.stream("POST", f"{url}/v1/completions", json=body, timeout=180) as response:
             if response.status_code != 200:
                 error = f"HTTP {response.status_code}"
             elif accepted is not None:
@@ -147,7 +149,7 @@ def _port_free(port: int) -> bool:
 
 def test_start_warm_ready(real: Harness) -> None:
     replica = real.wait_state("READY")
-    assert httpx.get(f"{real.agent.url}/v1/replicas/tiny-0/ready").status_code == 200
+    assert probe.get(f"{real.agent.url}/v1/replicas/tiny-0/ready").status_code == 200
     pid = replica["process"]["pid"]
     assert os.getpgid(pid) == pid
     # API server, resource tracker, EngineCore, Worker: the whole tree is watched.
@@ -175,7 +177,7 @@ def test_parses_real_engine_metrics(real: Harness) -> None:
     assert 0 < engine["ttft_p50_seconds"] <= engine["ttft_p99_seconds"] < 10
     assert engine["generation_tokens_total"] >= 16 * len(results)
     assert 0 <= engine["kv_cache_usage_ratio"] <= 1
-    metrics = httpx.get(f"{real.agent.url}/metrics").text
+    metrics = probe.get(f"{real.agent.url}/metrics").text
     assert 'pitstop_engine_ttft_seconds{model="tiny",node="test-node",quantile="0.5",replica="tiny-0"}' in metrics
 
 
@@ -183,7 +185,7 @@ def test_real_streaming_canary(real: Harness) -> None:
     wait_until(lambda: real.replica().get("canary_ok") is True, 30, what="a successful canary")
     ttft = real.replica()["canary_ttft_seconds"]
     assert ttft is not None and 0 < ttft < 30
-    assert "pitstop_canary_ok{" in httpx.get(f"{real.agent.url}/metrics").text
+    assert "pitstop_canary_ok{" in probe.get(f"{real.agent.url}/metrics").text
 
 
 def _get_on(sock: socket.socket, path: str) -> bytes:
@@ -217,7 +219,7 @@ def test_new_generation_drains_in_flight_streams_then_restarts(real: Harness) ->
     def client() -> None:
         # A load balancer's view: send while the replica is ready, stop once readiness goes off. The engine
         # runs one sequence at a time, so when the drain begins one stream runs and the others wait.
-        while httpx.get(ready_url, timeout=10).status_code == 200:
+        while probe.get(ready_url, timeout=10).status_code == 200:
             _stream(real.engine_url, 240, results)
 
     clients = [threading.Thread(target=client) for _ in range(8)]

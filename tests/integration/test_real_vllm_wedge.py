@@ -30,13 +30,16 @@ import psutil
 import pytest
 import yaml
 
+from bench.harness.http import probe
 from controlplane.policy_files import DEFAULTS_DIR
 from tests.agent.conftest import group_alive
 from tests.helpers import free_port, http_ok, wait_until
 from tests.integration.conftest import Processes
 from tests.integration.real_vllm import START_TIMEOUT, require_real_vllm, vllm_replica
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("real-vllm-wedge")]
+# solo: a real vLLM on CPU runs at the pace of the cores it gets; a starved one would read as wedged.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("real-vllm-wedge"),
+              pytest.mark.solo]
 
 require_real_vllm()
 
@@ -50,17 +53,17 @@ class Fleet:
         self.pids: set[int] = set()
 
     def replica(self) -> dict[str, Any]:
-        found: dict[str, Any] = httpx.get(f"{self.agent}/v1/replicas/tiny-0", timeout=10).json()
+        found: dict[str, Any] = probe.get(f"{self.agent}/v1/replicas/tiny-0", timeout=10).json()
         pid = (found.get("process") or {}).get("pid")
         if pid:
             self.pids.add(pid)
         return found
 
     def ready_code(self) -> int:
-        return httpx.get(f"{self.agent}/v1/replicas/tiny-0/ready", timeout=10).status_code
+        return probe.get(f"{self.agent}/v1/replicas/tiny-0/ready", timeout=10).status_code
 
     def actions(self) -> list[dict[str, Any]]:
-        return list(httpx.get(f"{self.api}/v1/actions", timeout=10).json())
+        return list(probe.get(f"{self.api}/v1/actions", timeout=10).json())
 
     def stall_restarts(self) -> list[dict[str, Any]]:
         return [a for a in self.actions() if a["policy"] == "stall" and a["kind"] == "restart"]
@@ -71,7 +74,7 @@ class Fleet:
         return self.replica()
 
     def events(self) -> list[dict[str, Any]]:
-        return list(httpx.get(f"{self.api}/v1/events", params={"replica": "tiny-0"}, timeout=10).json())
+        return list(probe.get(f"{self.api}/v1/events", params={"replica": "tiny-0"}, timeout=10).json())
 
 
 def _stall_only(dest: Path) -> Path:
@@ -126,7 +129,7 @@ def _stream(url: str, max_tokens: int, results: list[dict[str, Any]], timeout: f
             "temperature": 0, "ignore_eos": True}
     tokens, done, error = 0, False, None
     try:
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout) as response:
+        with probe.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout) as response:
             if response.status_code != 200:
                 error = f"HTTP {response.status_code}"
             for line in response.iter_lines():
@@ -219,13 +222,13 @@ def test_a_frozen_engine_core_leaves_rotation_and_is_restarted(fleet: Fleet) -> 
     core.send_signal(signal.SIGSTOP)
     frozen = time.monotonic()
     stop.set()  # the streams in flight now hang on the frozen core; no client sends another
-    assert httpx.get(f"{fleet.engine}/health", timeout=10).status_code == 200  # vLLM #39863
+    assert probe.get(f"{fleet.engine}/health", timeout=10).status_code == 200  # vLLM #39863
 
     wait_until(lambda: fleet.ready_code() == 503, 20, interval=0.2,
                what=f"readiness off\n{fleet.processes.log('agent')[-3000:]}")
     off_after = time.monotonic() - frozen
     assert fleet.replica()["state"] == "WEDGED"
-    assert httpx.get(f"{fleet.engine}/health", timeout=10).status_code == 200  # still "healthy" to vLLM
+    assert probe.get(f"{fleet.engine}/health", timeout=10).status_code == 200  # still "healthy" to vLLM
 
     wait_until(lambda: fleet.stall_restarts() != [], 60 - (time.monotonic() - frozen), interval=0.5,
                what=f"the stall restart\n{fleet.processes.log('server')[-3000:]}")
