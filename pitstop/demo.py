@@ -38,7 +38,7 @@ from pitstop.demo_config import agent_config, server_config
 from pitstop.demo_output import Output
 from pitstop.demo_ports import check_owner, pick_ports
 from pitstop.demo_procs import MARK, Child, Stop, stop_leftovers
-from pitstop.demo_report import Api, print_banner, print_plan, report_actions, write_timeline
+from pitstop.demo_report import HTTP, Api, print_banner, print_plan, report_actions, write_timeline
 
 # Child: the suites' and benchmarks' fixtures start their processes with it.
 __all__ = ["Child", "build_parser", "main", "pick_ports"]
@@ -84,7 +84,7 @@ class Signals:
 
 def _get_ok(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        return HTTP.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -93,7 +93,7 @@ def _replicas_ready(url: str, count: int, token: str | None = None) -> bool:
     """At least ``count`` READY replicas in the list at ``url`` (the agent's, or the control plane's)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        replicas = httpx.get(url, headers=headers, timeout=2).json()
+        replicas = HTTP.get(url, headers=headers, timeout=2).json()
     except (httpx.HTTPError, ValueError):
         return False
     return isinstance(replicas, list) and sum(1 for r in replicas if r.get("ready")) >= count
