@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from bench.harness.http import probe
+from bench.harness.http import http_ok, probe
 from bench.harness.ports import free_port
 
 __all__ = ["SteadyTraffic", "free_port", "http_ok", "serve_in_thread", "wait_until"]
@@ -24,13 +24,6 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        return probe.get(url, timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 class SteadyTraffic:

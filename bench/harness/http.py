@@ -11,3 +11,11 @@ from __future__ import annotations
 import httpx
 
 probe = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """``url`` answers 200 now; no answer, or any other, is False."""
+    try:
+        return probe.get(url, timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -8,22 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-import httpx
-
-from bench.harness.http import probe
+from bench.harness.http import http_ok
 from bench.harness.ports import free_port
 from pitstop.demo import Child
 
 __all__ = ["PITSTOP", "Processes", "free_port", "http_ok", "wait_until"]
 
 PITSTOP = [sys.executable, "-m", "pitstop.cli"]
-
-
-def http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        return probe.get(url, timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, *, what: str, interval: float = 0.2) -> float:
