@@ -39,7 +39,7 @@ demo: $(RUN_STAMP)
 
 # amtool comes with Debian's prometheus-alertmanager (`make deps`). It fails rather than skips when missing:
 # a config that was never checked would first be found broken by the Alertmanager loading it.
-lint: $(STAMP)
+lint: deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
@@ -53,7 +53,10 @@ lint: $(STAMP)
 # than one. TEST_WORKERS=1 runs everything in one process, one test after another.
 TEST_WORKERS ?= 2
 
-test: deps real-vllm lint
+# The real vLLM's download and install runs beside the venv, the Debian packages and the lint: on a fresh
+# machine they wait on the network and the disk, not on each other.
+test:
+	@$(MAKE) --no-print-directory -j2 --output-sync=target real-vllm lint
 	$(BIN)/pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 
 unit: $(STAMP)
