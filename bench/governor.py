@@ -14,8 +14,8 @@
    ``pitstop agent`` supervising two simulated replicas of one model at ``--max-num-seqs 256``, and the first
    governable load on each replica (``enginesim.loadgen`` closed-loop streams, spread over both) for
    ``--governed-seconds``. Reported: load start -> the SLO met on every replica (ITL p99 as the agent reports
-   it, read every second; first, and for good), the value the fleet settled on, and its throughput after the last
-   restart (the engines' own token counters).
+   it, read every second; first, and for good), the value the fleet settled on, and its throughput after the
+   last restart (the engines' own token counters).
 3. **Static run**, side by side on the same harness and load: both replicas at the sweep's best static value,
    no policies; its throughput is the reference for the ratio.
 
@@ -85,6 +85,11 @@ def shipped_governor() -> tuple[ThresholdCondition, LowerMaxNumSeqsAction, float
     return itl.condition, itl.action, ttft.condition.threshold
 
 
+def sweep_settle(duration: float) -> float:
+    """Seconds at the start of a sweep run that are not judged (a third of a short run)."""
+    return min(SWEEP_SETTLE_S, duration / 3)
+
+
 def sweep(load: Load, ladder: list[int], cond: ThresholdCondition, max_drop: float | None, ttft_slo: float,
           duration: float) -> dict[str, Any]:
     """Each rung under ``load`` on the virtual clock, judged as the policy judges: the share of the agent's
@@ -96,7 +101,7 @@ def sweep(load: Load, ladder: list[int], cond: ThresholdCondition, max_drop: flo
         r = run_virtual_load(H100_LLAMA_8B, max_num_seqs=seqs, concurrency=streams, prompt_tokens=prompt,
                              output_tokens=output, duration=duration, gpu_memory_utilization=util,
                              reading_seconds=SCRAPE_S)
-        breach = r.itl_breach_share(slo, since=min(SWEEP_SETTLE_S, duration / 3))
+        breach = r.itl_breach_share(slo, since=sweep_settle(duration))
         rows.append({"max_num_seqs": seqs, "tokens_per_s": r.tokens_per_s, "ttft_p99_s": r.ttft_p99,
                      "itl_p99_s": r.itl_p99, "itl_breach_share": breach, "preemptions": r.preemptions,
                      "meets_slo": breach < share, "meets_ttft_slo": r.ttft_p99 <= ttft_slo})
@@ -234,7 +239,7 @@ def main() -> int:
           f"fixes a TTFT breach; sweep took {time.monotonic() - started:.0f} s", flush=True)
     doc: dict[str, Any] = {
         "settings": {"slo_itl_p99_s": slo, "slo_min_share": cond.min_share, "reading_s": SCRAPE_S,
-                     "sweep_settle_s": min(SWEEP_SETTLE_S, duration / 3), "slo_ttft_p99_s": ttft_slo, "ladder": ladder,
+                     "sweep_settle_s": sweep_settle(duration), "slo_ttft_p99_s": ttft_slo, "ladder": ladder,
                      "duration_virtual_s": duration, "profile": H100_LLAMA_8B.name, "quick": args.quick,
                      "policy_for_s": args.policy_for or "shipped", "canary_window_s": args.canary_window or "server "
                      "default", "governed_seconds": args.governed_seconds, "static_seconds": args.static_seconds},
