@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
@@ -188,9 +189,17 @@ def test_an_agent_with_an_endless_engine_keeps_reporting(engines: str, tmp_path:
             agent = Agent(config, client, SimGpuBackend(config.sim_gpu_dir, 1), scrape_client=scraper,
                           report_client=reports)
             task = asyncio.create_task(agent.run(stop))
-            await asyncio.sleep(4)
-            stop.set()
-            await task
+            # One report every 0.3 s, scrapes and canaries beside: eight reports and five refused scrapes take
+            # about 3 s. Waited for, not timed: a stalled agent never gets there (tracemalloc slows it down).
+            try:
+                with contextlib.suppress(TimeoutError):  # the asserts below say what did not come
+                    async with asyncio.timeout(60):
+                        # Two counters, one of them in another thread: nothing to wait on but a poll.
+                        while len(stand_in.reports) < 8 or agent.scrapers["endless"].errors_total < 5:  # noqa: ASYNC110
+                            await asyncio.sleep(0.1)
+            finally:
+                stop.set()
+                await task
             return agent.scrapers["endless"].errors_total
 
     tracemalloc.start()
@@ -199,7 +208,7 @@ def test_an_agent_with_an_endless_engine_keeps_reporting(engines: str, tmp_path:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert len(stand_in.reports) >= 8, "reports stalled"  # one every 0.3 s over 4 s, scrapes and canaries beside
+    assert len(stand_in.reports) >= 8, "reports stalled"
     last = {r.name: r for r in stand_in.reports[-1].replicas}
     assert last["endless"].engine is not None and last["endless"].engine.scrape_error == TOO_LARGE
     assert last["good"].engine is not None and last["good"].engine.requests_running == 2
