@@ -8,8 +8,9 @@ one succeeded (READY at the new generation) and HAProxy has had ``--settle`` sec
 Pitstop: the agent drains first (readiness off, ``drain_grace`` for HAProxy to notice, in-flight work
 finishes, then SIGTERM with ``--shutdown-timeout``). Baseline, in the same run: the same restarts with drain
 disabled (no grace, no drain wait, ``--shutdown-timeout 0``), as a restart that just stops the engine.
-Counted: failed requests (HTTP errors, broken streams) during the load that spans the restarts, and the
-fewest servers HAProxy counted UP (sampled every 100 ms through its admin socket).
+Counted: failed requests (HTTP errors, broken streams) during the load that spans the restarts (it runs on
+until ``--min-requests`` have ended, however slow the host), and the fewest servers HAProxy counted UP (sampled
+every 100 ms through its admin socket).
 
     python bench/rolling_restart.py [--quick] [--runs 3] [--out bench/results/rolling_restart.json]
 """
@@ -65,6 +66,9 @@ def one_run(tmp: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
                 time.sleep(args.settle)
             restart_s = time.time() - started
             time.sleep(args.lead)
+            # A busy machine serves fewer requests a second: the load runs on until the run holds enough of them.
+            wait_until(lambda: load.ended() >= args.min_requests, 300,
+                       what=f"{args.min_requests} requests through HAProxy (ended: {load.ended()})")
             summary = load.stop()
         during = [n for at, n in ups.samples if started <= at <= started + restart_s]
     total = summary["requests_ok"] + summary["requests_failed"]
@@ -81,6 +85,8 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=12)
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--lead", type=float, default=5.0, help="load before the first and after the last restart")
+    p.add_argument("--min-requests", type=int, default=500,
+                   help="the load runs on past the lead-out until this many requests have ended")
     p.add_argument("--settle", type=float, default=CHECK_RISE * CHECK_INTER_MS / 1000.0 + 1.0,
                    help="pause after a replica is READY before the next restart (HAProxy needs rise x inter)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "rolling_restart.json")

@@ -143,14 +143,15 @@ async def discover_model(client: httpx.AsyncClient, url: str) -> str:
 
 
 async def run_load(spec: LoadSpec, client: httpx.AsyncClient | None = None,
-                   stop: asyncio.Event | None = None) -> dict[str, Any]:
-    """Generate ``spec``'s load and return the summary; ``stop`` ends it early."""
+                   stop: asyncio.Event | None = None, results: list[RequestResult] | None = None) -> dict[str, Any]:
+    """Generate ``spec``'s load and return the summary; ``stop`` ends it early. ``results``: a list the caller
+    watches, each request appended as it starts (its ``finished`` set when it ends)."""
     own_client = client is None
     client = client or httpx.AsyncClient(limits=httpx.Limits(max_connections=spec.concurrency + 4))
     stop = stop or asyncio.Event()
     try:
         model = spec.model or await discover_model(client, spec.urls[0])
-        results: list[RequestResult] = []
+        results = [] if results is None else results
         counter = itertools.count()
         start = time.monotonic()
         deadline = start + spec.duration if spec.duration > 0 else math.inf

@@ -6,7 +6,7 @@ import asyncio
 import threading
 from typing import Any
 
-from enginesim.loadgen import LoadSpec, run_load
+from enginesim.loadgen import LoadSpec, RequestResult, run_load
 
 
 class BackgroundLoad:
@@ -20,6 +20,7 @@ class BackgroundLoad:
         self.spec = spec
         self.summary: dict[str, Any] | None = None
         self.error: BaseException | None = None
+        self.results: list[RequestResult] = []  # the load generator's, each request as it starts
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._started = threading.Event()
@@ -30,7 +31,7 @@ class BackgroundLoad:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
             self._started.set()
-            self.summary = await run_load(self.spec, stop=self._stop)
+            self.summary = await run_load(self.spec, stop=self._stop, results=self.results)
 
         try:
             asyncio.run(main())
@@ -42,6 +43,10 @@ class BackgroundLoad:
         self._thread.start()
         self._started.wait(30)
         return self
+
+    def ended(self) -> int:
+        """How many requests have ended so far, served or failed."""
+        return sum(1 for r in list(self.results) if r.finished)
 
     def stop(self) -> dict[str, Any]:
         if self._loop is not None and self._stop is not None and not self._loop.is_closed():
