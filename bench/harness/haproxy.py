@@ -47,6 +47,9 @@ def config_text(*, port: int, socket_path: Path, servers: Mapping[str, tuple[int
     #   (HAProxy 2.6.7 and later; before, only the last one did).
     # A request whose response had begun (a stream cut mid-way) is never retried: its client saw part of it.
     # `retries 3` also bounds the harm of a request that itself kills engines: it reaches at most four.
+    # `timeout check 2s`: without it a check must be answered within `inter`, and with `fall 1` one readiness
+    # answer slowed past 200 ms by a busy host took a READY replica out. Readiness off is a 503 at once; the
+    # timeout is for an agent that hangs.
     return f"""global
   stats socket {socket_path} mode 600 level admin
   maxconn 4096
@@ -56,6 +59,7 @@ defaults
   timeout connect 2s
   timeout client {timeout_s}s
   timeout server {timeout_s}s
+  timeout check 2s
   retries 3
   option redispatch
   retry-on conn-failure empty-response
