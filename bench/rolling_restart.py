@@ -68,7 +68,7 @@ def one_run(tmp: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(args.lead)
             # A busy machine serves fewer requests a second: the load runs on until the run holds enough of them.
             wait_until(lambda: load.ended() >= args.min_requests, 300,
-                       what=f"{args.min_requests} requests through HAProxy (ended: {load.ended()})")
+                       what=f"{args.min_requests} requests to end through HAProxy")
             summary = load.stop()
         during = [n for at, n in ups.samples if started <= at <= started + restart_s]
     total = summary["requests_ok"] + summary["requests_failed"]
