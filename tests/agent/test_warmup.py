@@ -54,11 +54,13 @@ def test_max_requests_below_requests_is_a_config_error() -> None:
 
 @pytest.mark.slow
 def test_simulator_cold_start_needs_more_warmup_than_a_fixed_count(tmp_path: Path) -> None:
-    # llama-8b-h100 runs its first 100 steps up to 3x slower; 40-token requests walk through that fade.
+    # llama-8b-h100 runs its first 100 steps up to 3x slower; 40-token requests walk through that fade. A
+    # 3,000-token prompt (not cached: every request prefills it) makes the first token ~85 ms warm and ~250 ms
+    # cold, so the fade stands well above the tens of ms of HTTP and scheduling a busy host adds to each TTFT.
     warmup = WarmupConfig(requests=2, max_requests=15, settle_count=3, settle_tolerance=0.25,
-                          settle_floor_seconds=0.002, max_tokens=40)
+                          settle_floor_seconds=0.002, max_tokens=40, prompt="warm " * 2400)
     spec = ReplicaConfig(name="w", model="tiny", port=free_port(), warmup=warmup, start_timeout=30,
-                         stop_timeout=5, args=["--sim-startup-seconds", "0.2"],
+                         stop_timeout=5, args=["--sim-startup-seconds", "0.2", "--no-enable-prefix-caching"],
                          env={"PITSTOP_SIM_GPU_DIR": str(tmp_path / "simgpu")})
 
     async def scenario() -> tuple[list[float], str]:
