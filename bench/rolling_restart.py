@@ -3,7 +3,9 @@
 HAProxy health-checks the agent's ``/v1/replicas/<name>/ready`` per replica (inter 500 ms, fall 1, rise 2).
 The rolling restart is an operator's: one ``restart`` action per replica through the control plane's API
 (``POST /v1/replicas/{node}/{name}/actions``), the next one posted once the executor has reported the previous
-one succeeded (READY at the new generation) and HAProxy has had ``--settle`` seconds to see it back.
+one succeeded (READY at the new generation) and HAProxy has had ``--settle`` seconds to see it back. The control
+plane's disruption budget is told as much (``rollout_settle_seconds``): with its default 5 s it would hold back
+a restart posted 2 s after the previous one as leaving the model short of capacity.
 
 Pitstop: the agent drains first (readiness off, ``drain_grace`` for HAProxy to notice, in-flight work
 finishes, then SIGTERM with ``--shutdown-timeout``). Baseline, in the same run: the same restarts with drain
@@ -36,6 +38,7 @@ from enginesim.loadgen import LoadSpec
 NAMES = ("r0", "r1", "r2")
 # HAProxy needs fall x inter to see readiness go off; the grace adds one more check interval of margin.
 DRAIN_GRACE = CHECK_FALL * CHECK_INTER_MS / 1000.0 + 1.0
+GUARD_SETTLE = CHECK_RISE * CHECK_INTER_MS / 1000.0 + 0.5
 MODES: dict[str, dict[str, Any]] = {
     "pitstop (drain)": {"drain_grace": DRAIN_GRACE, "drain_timeout": 30, "shutdown_timeout": 10,
                         "stop_timeout": 15},
@@ -48,7 +51,10 @@ def one_run(tmp: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
                         extra={**MODES[mode], "warmup": {"requests": 2, "settle_count": 0}})
                 for i, name in enumerate(NAMES)]
     with Processes(tmp / "logs") as procs:
-        fleet = Fleet.start(tmp, procs, replicas, agent={"backoff": {"base": 1, "cap": 2}})
+        # The disruption budget counts a restarted replica as capacity once HAProxy can have seen it back (rise x
+        # inter) and half a second more; the next restart is posted only after --settle, which is longer.
+        fleet = Fleet.start(tmp, procs, replicas, agent={"backoff": {"base": 1, "cap": 2}},
+                            server={"rollout_settle_seconds": GUARD_SETTLE})
         fleet.wait_all_ready()
         proxy = HAProxy(tmp / "haproxy", procs, agent_port=int(fleet.agent.rsplit(":", 1)[1]),
                         engines={r.name: r.port for r in replicas})
@@ -116,7 +122,7 @@ def main() -> int:
     print(table(["mode", "requests", "failed", "worst failed", "fewest UP", "worst fewest UP", "restart"], rows))
     write_json(args.out, "rolling_restart", {
         "settings": {"runs": args.runs, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
-                     "drain_grace_s": DRAIN_GRACE, "settle_s": args.settle,
+                     "drain_grace_s": DRAIN_GRACE, "settle_s": args.settle, "guard_settle_s": GUARD_SETTLE,
                      "haproxy_check": f"inter {CHECK_INTER_MS}ms fall {CHECK_FALL} rise {CHECK_RISE}",
                      "modes": MODES},
         "medians": medians, "runs": runs})
