@@ -32,6 +32,8 @@ def run_quick(script: str, out: Path, *extra: str, timeout: float = 400) -> dict
 def test_rolling_restart_drops_nothing_with_drain_and_drops_without(tmp_path: Path) -> None:
     doc = run_quick("rolling_restart.py", tmp_path / "rr.json")
     pitstop, baseline = doc["medians"]["pitstop (drain)"], doc["medians"]["baseline (no drain)"]
+    # Every replica was restarted in both modes: none held back by the guardrails.
+    assert [r["actions"] for r in doc["runs"]] == [["succeeded"] * 3] * 2, doc["runs"]
     assert pitstop["requests"] >= 500
     assert pitstop["failed"] == 0, doc["runs"]
     assert pitstop["min_up"] >= 2, doc["runs"]
@@ -110,9 +112,14 @@ def test_control_plane_benchmark_keeps_up_and_times_its_rounds(tmp_path: Path) -
     [run] = doc["runs"]
     assert run["errors"] == 0 and run["late"] == 0, run
     assert run["reports"] == 150 and run["seeded_rows"] == 50 * 16 * 24  # 2 minutes of history at 5 s
-    # The policy process ran rounds during the load and the standalone pass saw the whole fleet.
-    assert run["server_rounds"] >= 1 and run["replicas"] == 400, run
-    assert run["warm_pass_s"] < run["cold_pass_s"] or run["cold_pass_s"] < 1, run
+    # The policy process completed rounds while the reports came (the cold one and at least one more: how many
+    # fall inside the 15 s measured window depends on the host's load and the duty cap), and the standalone
+    # pass saw the whole fleet.
+    assert run["server_rounds_total"] >= 2 and run["replicas"] == 400, run
+    # A new leader reads the whole window; one interval later it reads only that interval's rows (the times are
+    # reported, not compared: at this size evaluation dominates both passes and the host's load decides).
+    assert run["cold_rows_read"] >= run["seeded_rows"] > 0, run
+    assert 0 < run["warm_rows_read"] < run["cold_rows_read"] / 10, run
 
 
 @pytest.mark.timeout(420)
