@@ -1,7 +1,10 @@
 """The HTTP face of the simulator: vLLM's OpenAI-compatible routes, /health, /version and /metrics.
 
-``create_app`` builds a FastAPI app over one ``Engine``; everything it needs arrives in ``ServingContext``
-(no globals), so tests can drive the app in-process and the server can flip ``draining`` on SIGTERM.
+``create_app`` builds a Starlette app over one ``Engine``; everything it needs arrives in ``ServingContext``
+(no globals), so tests can drive the app in-process and the server can flip ``draining`` on SIGTERM. Starlette,
+not FastAPI (vLLM's): a simulator starts by the hundred in the tests and the benchmarks, and FastAPI's import
+(its OpenAPI models) was more than half of each start's CPU. Unknown paths and methods answer FastAPI's JSON
+``{"detail": ...}`` all the same.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from enginesim.engine import Engine, EngineDeadError, EngineState, Failed, Finished, RequestHandle, Token
@@ -148,20 +154,16 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def create_app(ctx: ServingContext) -> FastAPI:
-    """The FastAPI app serving one engine."""
-    app = FastAPI(title="vLLM API (simulated)", version=VLLM_VERSION, docs_url=None, redoc_url=None)
+def create_app(ctx: ServingContext) -> Starlette:
+    """The app serving one engine."""
 
-    @app.get("/health")
-    async def health() -> Response:
+    async def health(_: Request) -> Response:
         return Response(status_code=503 if ctx.engine.state is EngineState.DEAD else 200)
 
-    @app.get("/version")
-    async def version() -> dict[str, str]:
-        return {"version": VLLM_VERSION}
+    async def version(_: Request) -> Response:
+        return JSONResponse({"version": VLLM_VERSION})
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(_: Request) -> Response:
         data = [{"id": name, "object": "model", "created": ctx.started_at, "owned_by": "vllm",
                  "root": ctx.model, "parent": None, "max_model_len": ctx.max_model_len,
                  "permission": [{"id": f"modelperm-{name}", "object": "model_permission",
@@ -170,9 +172,8 @@ def create_app(ctx: ServingContext) -> FastAPI:
                                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
                                  "organization": "*", "group": None, "is_blocking": False}]}
                 for name in ctx.served_names]
-        return {"object": "list", "data": data}
+        return JSONResponse({"object": "list", "data": data})
 
-    @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         # vLLM serves /metrics with prometheus_client's ASGI app, which sends only the samples named by
         # ``name[]`` when a scrape gives any (the agent's do); the same here.
@@ -180,15 +181,21 @@ def create_app(ctx: ServingContext) -> FastAPI:
         registry = ctx.registry.restricted_registry(names) if names else ctx.registry
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _generate(ctx, request, chat=False)
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _generate(ctx, request, chat=True)
 
-    return app
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    routes = [Route("/health", health, methods=["GET"]), Route("/version", version, methods=["GET"]),
+              Route("/v1/models", models, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
 
 class DropBrokenStreams:

@@ -24,6 +24,17 @@ def test_info_endpoints_look_like_vllm() -> None:
     asyncio.run(go())
 
 
+def test_unknown_paths_and_methods_answer_as_vllm_does() -> None:
+    async def go() -> None:
+        async with inprocess_sim() as sim:
+            missing = await sim.client.get("/v1/embeddings-nope")
+            assert missing.status_code == 404 and missing.json() == {"detail": "Not Found"}
+            wrong = await sim.client.get("/v1/completions")
+            assert wrong.status_code == 405 and wrong.json() == {"detail": "Method Not Allowed"}
+            assert wrong.headers["allow"] == "POST"
+    asyncio.run(go())
+
+
 def test_completion_lengths_follow_max_tokens_and_ignore_eos() -> None:
     async def go() -> None:
         async with inprocess_sim() as sim:
