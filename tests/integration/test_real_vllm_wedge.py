@@ -41,9 +41,6 @@ from tests.integration.real_vllm import START_TIMEOUT, require_real_vllm, vllm_r
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("real-vllm-wedge"),
               pytest.mark.solo]
 
-require_real_vllm()
-
-
 class Fleet:
     def __init__(self, processes: Processes, api: str, agent: str, engine: str) -> None:
         self.processes = processes
@@ -88,6 +85,7 @@ def _stall_only(dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    require_real_vllm()
     tmp = tmp_path_factory.mktemp("real-vllm-wedge")
     processes = Processes(tmp / "logs")
     api_port, agent_port, engine_port = free_port(), free_port(), free_port()
