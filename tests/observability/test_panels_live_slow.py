@@ -102,10 +102,17 @@ def test_every_panel_of_every_dashboard_returns_data_on_a_live_fleet(tmp_path: P
         engines = _series(prom, 'up{job="pitstop-engines"}')
         assert {(s["metric"]["node"], s["metric"]["replica"], s["metric"]["model"], s["metric"]["gpu"])
                 for s in engines} == {(NODE, "r0", MODEL, "0"), (NODE, "r1", MODEL, "1"), (NODE, "hot", MODEL, "2")}
-        assert _has(prom, f'up{{job="pitstop-agent", node="{NODE}"}} == 1')
-        assert _has(prom, 'up{job="pitstop-controlplane"} == 1')
+        # Scraped every second with a 1 s timeout: on a busy host one scrape can miss, so the test waits for a
+        # successful one of each rather than reading whichever came last.
+        wait_until(lambda: _has(prom, f'up{{job="pitstop-agent", node="{NODE}"}} == 1'), 60, interval=0.5,
+                   what="Prometheus scraping the agent with the node's label")
+        wait_until(lambda: _has(prom, 'up{job="pitstop-controlplane"} == 1'), 60, interval=0.5,
+                   what="Prometheus scraping the control plane")
         # vLLM's own histograms arrive with the fleet's labels and vLLM's own.
-        ttft = _series(prom, 'vllm:time_to_first_token_seconds_count{replica="r0"}')
+        # (A missed scrape marks the target's series stale until the next one: wait for a present sample.)
+        r0_ttft = 'vllm:time_to_first_token_seconds_count{replica="r0"}'
+        wait_until(lambda: _has(prom, r0_ttft), 60, interval=0.5, what="r0's TTFT histogram in Prometheus")
+        ttft = _series(prom, f"last_over_time({r0_ttft}[1m])")
         assert ttft and ttft[0]["metric"]["model_name"] and ttft[0]["metric"]["node"] == NODE
 
         # An operator's restart reaches its outcome: something for the actions panels and annotations.
