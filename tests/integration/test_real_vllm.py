@@ -37,6 +37,8 @@ from tests.integration.real_vllm import START_TIMEOUT, require_real_vllm, vllm_r
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("real-vllm"), pytest.mark.solo]
 
 REPO = Path(__file__).resolve().parents[2]
+
+
 class Harness:
     def __init__(self, agent: AgentProcess, cp: ControlPlaneStandIn, engine_url: str, port: int) -> None:
         self.agent = agent

@@ -41,6 +41,7 @@ from tests.integration.real_vllm import START_TIMEOUT, require_real_vllm, vllm_r
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("real-vllm-wedge"),
               pytest.mark.solo]
 
+
 class Fleet:
     def __init__(self, processes: Processes, api: str, agent: str, engine: str) -> None:
         self.processes = processes

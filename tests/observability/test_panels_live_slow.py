@@ -109,10 +109,10 @@ def test_every_panel_of_every_dashboard_returns_data_on_a_live_fleet(tmp_path: P
         wait_until(lambda: _has(prom, 'up{job="pitstop-controlplane"} == 1'), 60, interval=0.5,
                    what="Prometheus scraping the control plane")
         # vLLM's own histograms arrive with the fleet's labels and vLLM's own.
-        # (A missed scrape marks the target's series stale until the next one: wait for a present sample.)
-        r0_ttft = 'vllm:time_to_first_token_seconds_count{replica="r0"}'
+        # (A missed scrape marks the target's series stale until the next one: its last sample is read instead.)
+        r0_ttft = 'last_over_time(vllm:time_to_first_token_seconds_count{replica="r0"}[1m])'
         wait_until(lambda: _has(prom, r0_ttft), 60, interval=0.5, what="r0's TTFT histogram in Prometheus")
-        ttft = _series(prom, f"last_over_time({r0_ttft}[1m])")
+        ttft = _series(prom, r0_ttft)
         assert ttft and ttft[0]["metric"]["model_name"] and ttft[0]["metric"]["node"] == NODE
 
         # An operator's restart reaches its outcome: something for the actions panels and annotations.
