@@ -217,6 +217,7 @@ class Faults:
     poller: Poller
     loop: StandInLoop | None
     loads: list[BackgroundLoad]
+    stall_load_lead: dict[str, float]
 
 
 def start_faults(fleet: Fleet, replicas: list[Replica], watch: ListenWatch, by_name: dict[str, Replica],
@@ -224,11 +225,21 @@ def start_faults(fleet: Fleet, replicas: list[Replica], watch: ListenWatch, by_n
     """Wait for every replica, then let the timed faults happen (the stalls and the hot GPUs count from each
     engine's first listen) and start the TTFT surge; the moments are exact to the watch's 50 ms."""
     # Each READY once, not all at the same moment: on a busy host the stalled pair may wedge (and leave
-    # readiness for good, the unrestarted twin above all) before the last replica has warmed up.
+    # readiness for good, the unrestarted twin above all) before the last replica has warmed up. So the
+    # requests that will wait on each wedged engine (and be lost with it: counted in the finding) start as
+    # soon as that engine is READY, well before its hang, not once the whole fleet is.
     been_ready: set[str] = set()
+    loads: list[BackgroundLoad] = []
+    load_at: dict[str, float] = {}
 
     def all_been_ready() -> bool:
         been_ready.update(r.name for r in replicas if r.name not in been_ready and fleet.ready(r.name))
+        for side in "pb":
+            if f"{side}-stalled" in been_ready and side not in load_at:
+                loads.append(BackgroundLoad(LoadSpec(
+                    urls=[f"http://127.0.0.1:{by_name[f'{side}-stalled'].port}"], concurrency=4, duration=0,
+                    prompt_tokens=32, max_tokens=64, model=f"{side}-stall", request_timeout=600)).start())
+                load_at[side] = time.time()
         return len(been_ready) == len(replicas)
 
     wait_until(all_been_ready, 90, what="every replica READY")
@@ -237,10 +248,6 @@ def start_faults(fleet: Fleet, replicas: list[Replica], watch: ListenWatch, by_n
     fault_at |= {("hot", side): watch.first[f"{side}-hot"] + HOT_AFTER for side in "pb"}
     poller = Poller(fleet)
     loop = None if server_runs_policies() else StandInLoop(fleet.database_url, policies).__enter__()
-    # Requests that will wait on the wedged engines (and be lost with them: counted in the finding).
-    loads = [BackgroundLoad(LoadSpec(urls=[f"http://127.0.0.1:{by_name[f'{side}-stalled'].port}"],
-                                     concurrency=4, duration=0, prompt_tokens=32, max_tokens=64,
-                                     model=f"{side}-stall", request_timeout=600)).start() for side in "pb"]
     wait_until(lambda: time.time() > max(fault_at[("stall", s)] for s in "pb"), 60, what="the stalls")
     # A surge: arrivals paced above what the replica serves, so the queue and TTFT grow without pause.
     loads += [BackgroundLoad(LoadSpec(
@@ -250,7 +257,9 @@ def start_faults(fleet: Fleet, replicas: list[Replica], watch: ListenWatch, by_n
     for load in loads[2:]:
         load.start()
     fault_at |= {("ttft", side): time.time() for side in "pb"}
-    return Faults(fault_at, poller, loop, loads)
+    # How long before its hang each wedged engine's streams began: a negative lead leaves nothing to lose.
+    lead = {side: fault_at[("stall", side)] - load_at[side] for side in "pb"}
+    return Faults(fault_at, poller, loop, loads, lead)
 
 
 def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -315,6 +324,7 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
             "pitstop_ready_off_s": not_ready - fault_at[(fault, "p")] if not_ready else None,
             "pitstop_ready_again_s": again - fault_at[(fault, "p")] if again else None,
             "requests_lost": (finding.get("measured") or {}).get("requests_lost") if stall else None,
+            "load_lead_s": faults.stall_load_lead["p"] if stall else None,
             "baseline_s": base["at"] - fault_at[(fault, "b")] if base else None,
             # Not delivered by the end of the run: the baseline took at least this long.
             "baseline_waited_s": None if base else ended - fault_at[(fault, "b")],
