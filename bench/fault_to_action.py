@@ -69,6 +69,7 @@ from controlplane.store.db import make_engine, make_sessionmaker, session_scope
 from enginesim.loadgen import LoadSpec
 
 HANG_AFTER = 20.0  # past start and warmup: a replica must be READY before it wedges
+STALL_LOAD_LEAD = 5.0  # the stalled replicas' streams start this long before their hang at the latest
 HOT_AFTER = 25.0
 FAULTS = ("stall", "ttft", "hot")
 # Which policy acts and which stock alerts count, per fault.
@@ -225,21 +226,28 @@ def start_faults(fleet: Fleet, replicas: list[Replica], watch: ListenWatch, by_n
     """Wait for every replica, then let the timed faults happen (the stalls and the hot GPUs count from each
     engine's first listen) and start the TTFT surge; the moments are exact to the watch's 50 ms."""
     # Each READY once, not all at the same moment: on a busy host the stalled pair may wedge (and leave
-    # readiness for good, the unrestarted twin above all) before the last replica has warmed up. So the
-    # requests that will wait on each wedged engine (and be lost with it: counted in the finding) start as
-    # soon as that engine is READY, well before its hang, not once the whole fleet is.
+    # readiness for good, the unrestarted twin above all) before the last replica has warmed up.
     been_ready: set[str] = set()
-    loads: list[BackgroundLoad] = []
+    stall_loads: dict[str, BackgroundLoad] = {}
     load_at: dict[str, float] = {}
+
+    def stall_load(side: str) -> None:
+        """Requests that will wait on the wedged engine (and be lost with it: counted in the finding)."""
+        if side not in stall_loads:
+            stall_loads[side] = BackgroundLoad(LoadSpec(
+                urls=[f"http://127.0.0.1:{by_name[f'{side}-stalled'].port}"], concurrency=4, duration=0,
+                prompt_tokens=32, max_tokens=64, model=f"{side}-stall", request_timeout=600)).start()
+            load_at[side] = time.time()
 
     def all_been_ready() -> bool:
         been_ready.update(r.name for r in replicas if r.name not in been_ready and fleet.ready(r.name))
+        # A slow fleet start must not leave a wedged engine with nothing in flight: a stalled replica's
+        # streams begin STALL_LOAD_LEAD seconds before its hang at the latest.
         for side in "pb":
-            if f"{side}-stalled" in been_ready and side not in load_at:
-                loads.append(BackgroundLoad(LoadSpec(
-                    urls=[f"http://127.0.0.1:{by_name[f'{side}-stalled'].port}"], concurrency=4, duration=0,
-                    prompt_tokens=32, max_tokens=64, model=f"{side}-stall", request_timeout=600)).start())
-                load_at[side] = time.time()
+            listened = watch.first.get(f"{side}-stalled")
+            if (f"{side}-stalled" in been_ready and listened is not None
+                    and time.time() > listened + HANG_AFTER - STALL_LOAD_LEAD):
+                stall_load(side)
         return len(been_ready) == len(replicas)
 
     wait_until(all_been_ready, 90, what="every replica READY")
@@ -248,6 +256,9 @@ def start_faults(fleet: Fleet, replicas: list[Replica], watch: ListenWatch, by_n
     fault_at |= {("hot", side): watch.first[f"{side}-hot"] + HOT_AFTER for side in "pb"}
     poller = Poller(fleet)
     loop = None if server_runs_policies() else StandInLoop(fleet.database_url, policies).__enter__()
+    for side in "pb":
+        stall_load(side)
+    loads = [stall_loads[side] for side in "pb"]
     wait_until(lambda: time.time() > max(fault_at[("stall", s)] for s in "pb"), 60, what="the stalls")
     # A surge: arrivals paced above what the replica serves, so the queue and TTFT grow without pause.
     loads += [BackgroundLoad(LoadSpec(
