@@ -140,6 +140,7 @@ def test_reset_a_tripped_breaker_from_the_fleet_page(tmp_path: Path, monkeypatch
         click(at, "Reset the circuit breaker")
         assert "Automation resumes" in texts(at)
         click(at, "Confirm: reset the circuit breaker")
+        assert at.success, texts(at)  # the control plane's answer, as the page shows it (an error says why)
         breaker = probe.get(f"{url}/v1/remediation/breaker", headers=OPERATOR).json()
         assert not breaker["tripped"] and breaker["reset_by"] == "config:operator-0"
         at.run()
