@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from controlplane.policy.conditions import ThermalCondition, ThresholdCondition
 from controlplane.policy.detectors.findings import Timed
-from controlplane.policy.detectors.slo import OPS
+from controlplane.policy.detectors.slo import OPS, signal_share_holds
 from controlplane.policy.detectors.thermal import temperature_limit
 from controlplane.policy.snapshot import Gpu, GpuReading, ReplicaSample
 
@@ -45,14 +45,39 @@ def run_start(samples: Sequence[T], until: datetime, holds: Callable[[T], bool])
 
 
 def threshold_due(cond: ThresholdCondition, history: Sequence[ReplicaSample], until: datetime) -> Due | None:
-    """A threshold condition (every sample beyond it, ``min_share`` 1): the run before ``until``."""
+    """A threshold condition: when the run of moments that ends at ``until`` with the condition met began.
 
-    def holds(sample: ReplicaSample) -> bool:
-        value = getattr(sample, cond.signal)
-        return value is not None and OPS[cond.op](float(value), cond.threshold)
+    In every sample (``min_share`` 1): the first crossing sample of the run, plus ``for:``. In a share of them:
+    the condition, as the product judges it (``signal_share_holds``), is met at ``until``; the window's content
+    changes only when a sample arrives or the oldest leaves (a sample's time plus ``for:``), so the moments to
+    try are those, walked back from ``until`` while it stays met. The crossing is that first moment's window's
+    first reading beyond the threshold."""
+    if cond.min_share >= 1:
+        def holds(sample: ReplicaSample) -> bool:
+            value = getattr(sample, cond.signal)
+            return value is not None and OPS[cond.op](float(value), cond.threshold)
 
-    first = run_start(history, until, holds)
-    return None if first is None else Due(first.at, first.at + timedelta(seconds=cond.for_))
+        first = run_start(history, until, holds)
+        return None if first is None else Due(first.at, first.at + timedelta(seconds=cond.for_))
+
+    def met(at: datetime) -> list[ReplicaSample] | None:
+        return signal_share_holds(list(history), at, cond.signal, cond.op, cond.threshold, cond.for_,
+                                  cond.min_share)
+
+    if met(until) is None:
+        return None
+    span = timedelta(seconds=cond.for_)
+    moments = sorted({m for s in history for m in (s.at, s.at + span) if m < until}, reverse=True)
+    since = until
+    for moment in moments:
+        if met(moment) is None:
+            break
+        since = moment
+    run = met(since)
+    assert run is not None
+    crossed = next(s for s in run if (v := getattr(s, cond.signal)) is not None
+                   and OPS[cond.op](float(v), cond.threshold))
+    return Due(crossed.at, since)
 
 
 def thermal_due(cond: ThermalCondition, gpu: Gpu, until: datetime) -> Due | None:

@@ -19,6 +19,16 @@ def test_the_run_that_led_to_the_action_counts_not_an_earlier_blip() -> None:
     assert threshold_due(TTFT, history[:10], at(9)) is None  # not crossing at the action: nothing to measure
 
 
+
+def test_a_share_condition_is_due_when_its_window_first_held_enough_crossings() -> None:
+    share = TTFT.model_copy(update={"min_share": 0.5})
+    history = (healthy(10, interval=1.0, ttft_p99_seconds=0.2)
+               + healthy(10, interval=1.0, start=11, ttft_p99_seconds=lambda t: 0.2 if t % 3 == 1 else 0.9))
+    # 11 and 12 cross, 13 does not, 14 does: at 14 the window from 9 holds three crossings in six readings.
+    due = threshold_due(share, history, at(16.3))
+    assert due is not None and due.crossed_at == at(11) and due.due_at == at(14)
+    assert threshold_due(share, history[:12], at(11.5)) is None  # one crossing in six: not met at the action
+
 def test_a_stall_is_due_at_the_later_of_the_flat_counter_and_the_verdict() -> None:
     history = healthy(10, interval=1.0) + healthy(10, interval=1.0, start=11, generation_tokens_total=9999.0)
     early = stall_due(5.0, history, at(20), wedged_at=at(14))
