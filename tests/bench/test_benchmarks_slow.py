@@ -42,7 +42,8 @@ def test_rolling_restart_drops_nothing_with_drain_and_drops_without(tmp_path: Pa
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.solo  # Pitstop's and the stock pipeline's reaction times, compared
+# Beside other tests: both pipelines read the same fleet on the same cores; under four busy loops on two cores
+# Pitstop acted at 7.3 to 7.8 s and the shortened stock pipeline alerted at 23.6 to 26.1 s.
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus and alertmanager")
 def test_fault_to_action_pitstop_acts_before_the_stock_pipeline_alerts(tmp_path: Path) -> None:
     doc = run_quick("fault_to_action.py", tmp_path / "f2a.json")
@@ -145,7 +146,8 @@ def test_cp_storm_both_retry_modes_bring_every_agent_back(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.solo  # Pitstop's and the stock pipeline's paging times, compared
+# Beside other tests: under four busy loops on two cores Pitstop paged at 6.9 to 9.7 s, the shortened stock
+# pipeline at 21.7 to 22.8 s.
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus and alertmanager")
 def test_fault_to_page_pitstop_pages_before_the_stock_pipeline(tmp_path: Path) -> None:
     doc = run_quick("fault_to_page.py", tmp_path / "f2p.json")
