@@ -14,17 +14,26 @@ Counted: failed requests (HTTP errors, broken streams) during the load that span
 until ``--min-requests`` have ended, however slow the host), and the fewest servers HAProxy counted UP (sampled
 every 100 ms through its admin socket).
 
+The load's short streams leave it to chance whether one is on the replica when its engine stops: on a busy host
+the load generator is the bottleneck, and a restart can find nothing in flight. So each restart is posted
+while a witness, one longer stream sent straight to that replica's engine, is under way (its first token
+seen): the drain must let it finish, and a restart without drain cuts it, every time.
+
     python bench/rolling_restart.py [--quick] [--runs 3] [--out bench/results/rolling_restart.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -33,7 +42,7 @@ from bench.harness.fleet import Fleet, Replica
 from bench.harness.haproxy import CHECK_FALL, CHECK_INTER_MS, CHECK_RISE, HAProxy, UpSampler
 from bench.harness.load import BackgroundLoad
 from bench.harness.procs import Processes, wait_until
-from enginesim.loadgen import LoadSpec
+from enginesim.loadgen import LoadSpec, RequestResult, prompt_text, stream_one
 
 NAMES = ("r0", "r1", "r2")
 # HAProxy needs fall x inter to see readiness go off; the grace adds one more check interval of margin.
@@ -44,6 +53,40 @@ MODES: dict[str, dict[str, Any]] = {
                         "stop_timeout": 15},
     "baseline (no drain)": {"drain_grace": 0, "drain_timeout": 0, "shutdown_timeout": 0, "stop_timeout": 15},
 }
+# About 3 s of tokens on an idle host. A restart without drain stopped the engine 30 to 47 tokens into a 400-token
+# witness under four busy loops on two cores; the drain waits for the rest, well inside its 30 s.
+WITNESS_TOKENS = 240
+MODEL = "bench-model"
+
+
+class Witness:
+    """One stream straight to an engine, in a thread of its own, from before a restart is posted to its end."""
+
+    def __init__(self, url: str, tokens: int = WITNESS_TOKENS) -> None:
+        self.url, self.tokens = url, tokens
+        self.result = RequestResult(ok=False)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def one() -> None:
+            async with httpx.AsyncClient() as client:
+                await stream_one(client, self.url, MODEL, prompt_text(0, 64), self.tokens, 30.0, self.result)
+
+        asyncio.run(one())
+
+    def start(self) -> Witness:
+        """Send it, and return once its first token came: it is in flight on the engine."""
+        self._thread.start()
+        wait_until(lambda: self.result.tokens > 0 or self.result.finished, 30, what="the witness stream's first token",
+                   interval=0.02)
+        if self.result.finished and not self.result.ok:
+            raise RuntimeError(f"the witness stream to {self.url} failed before the restart: {self.result.error}")
+        return self
+
+    def end(self, timeout: float = 60.0) -> dict[str, Any]:
+        self._thread.join(timeout)
+        r = self.result
+        return {"ok": r.ok, "tokens": r.tokens, "error": r.error if r.finished else "still streaming"}
 
 
 def one_run(tmp: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -60,15 +103,17 @@ def one_run(tmp: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
                         engines={r.name: r.port for r in replicas})
         wait_until(lambda: proxy.servers_up() == len(NAMES), 30, what="HAProxy sees every replica UP")
         spec = LoadSpec(urls=[proxy.url], concurrency=args.concurrency, duration=0, prompt_tokens=64,
-                        max_tokens=args.max_tokens, model="bench-model", request_timeout=30)
+                        max_tokens=args.max_tokens, model=MODEL, request_timeout=30)
         with UpSampler(proxy) as ups:
             load = BackgroundLoad(spec).start()
             time.sleep(args.lead)
             started = time.time()
-            outcomes = []
-            for name in NAMES:
-                action = fleet.act(name, "restart")
+            outcomes, witnesses = [], []
+            for replica in replicas:
+                witness = Witness(f"http://127.0.0.1:{replica.port}").start()
+                action = fleet.act(replica.name, "restart")
                 outcomes.append(fleet.wait_action(action["id"], timeout=120)["state"])
+                witnesses.append({"replica": replica.name, **witness.end()})
                 time.sleep(args.settle)
             restart_s = time.time() - started
             time.sleep(args.lead)
@@ -81,7 +126,8 @@ def one_run(tmp: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"mode": mode, "requests": total, "failed": summary["requests_failed"], "ok": summary["requests_ok"],
             "cut_off_at_end": summary["requests_cut_off"], "errors": summary["errors"],
             "min_up": min(during, default=None), "restart_seconds": round(restart_s, 1),
-            "actions": outcomes, "tokens_per_s": summary["tokens_per_s"]}
+            "actions": outcomes, "tokens_per_s": summary["tokens_per_s"], "witnesses": witnesses,
+            "witnesses_cut": sum(1 for w in witnesses if not w["ok"])}
 
 
 def main() -> int:
@@ -106,7 +152,8 @@ def main() -> int:
                 r = one_run(Path(tmp), mode, args)
             runs.append(r)
             print(f"run {i + 1} {mode}: {r['failed']} failed of {r['requests']}, fewest UP {r['min_up']}, "
-                  f"restarts {r['restart_seconds']} s, actions {r['actions']}, errors {r['errors']}", flush=True)
+                  f"restarts {r['restart_seconds']} s, actions {r['actions']}, errors {r['errors']}; "
+                  f"witness streams cut {r['witnesses_cut']} of {len(r['witnesses'])}", flush=True)
     rows, medians = [], {}
     for mode in MODES:
         mine = [r for r in runs if r["mode"] == mode]
