@@ -52,6 +52,8 @@ class PolicyRounds:
         self._heap = heap
         self._monotonic = monotonic
         self.policies = PolicySet.from_config(config)
+        # This control plane hears reports from now on: a node silent since before it started is not yet dark.
+        self.reports_since = clock()
         self.guard_config = config.guard_config()
         # The in-memory sample history: the leader's rounds read it, a warm standby keeps it current (``follow``).
         self.samples = SampleHistory(timedelta(seconds=config.policy_history_seconds))
@@ -126,7 +128,7 @@ class PolicyRounds:
                 result = run_round(session=session, now=now, policies=self.policies.policies,
                                    guard_config=self.guard_config,
                                    history=timedelta(seconds=self._config.policy_history_seconds),
-                                   samples=self.samples)
+                                   samples=self.samples, reports_since=self.reports_since)
             self.last_round = result
             if result.recorded:
                 log.info("policy round: %d proposed, recorded %s", result.proposed, result.recorded)

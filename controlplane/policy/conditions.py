@@ -124,6 +124,20 @@ class OomCrashCondition(_Condition):
     patterns: list[str] = Field(default_factory=lambda: ["CUDA out of memory", "OutOfMemoryError"])
 
 
+class NodeUnreachableCondition(_Condition):
+    """A node the control plane has heard nothing from for ``for``: its agent, its host or the link to it is down,
+    and what runs there is unaccounted for. Counted on the control plane's clock, from the later of the node's
+    last report and the moment this control plane began to hear reports (after its own outage, no node is
+    judged dark before it had the time to report). Clears as soon as the node reports again."""
+
+    detector: Literal["node_unreachable"]
+    for_: Duration = Field(default=60.0, alias="for", gt=0)
+
+    @property
+    def clear_after(self) -> float:
+        return 0.0  # a report is proof of life: the page resolves with it, not a for: later
+
+
 class AlertCondition(_Condition):
     """An alert named ``alertname`` that Alertmanager posted (``POST /v1/alertmanager``) has fired on the
     subject for at least ``for``: a team's own Prometheus rules, with Pitstop's guarded actions.
@@ -161,11 +175,12 @@ Condition = Annotated[
     | Annotated[EccCondition, Tag("ecc")]
     | Annotated[CrashLoopCondition, Tag("crash_loop")]
     | Annotated[OomCrashCondition, Tag("oom_crash")]
+    | Annotated[NodeUnreachableCondition, Tag("node_unreachable")]
     | Annotated[AlertCondition, Tag(_ALERT_TAG)],
     Discriminator(
         _condition_tag,
         custom_error_type="unknown_detector",
         custom_error_message="unknown detector: use signal/op/threshold, alert: ALERTNAME, or detector "
-        "error_rate, stall, leak, thermal, xid, ecc, crash_loop, oom_crash or alert",
+        "error_rate, stall, leak, thermal, xid, ecc, crash_loop, oom_crash, node_unreachable or alert",
     ),
 ]

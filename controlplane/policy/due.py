@@ -4,7 +4,8 @@
 exact moment known in advance: the first crossing plus ``for:``. The rounds wake then (``wait_seconds``) instead
 of acting at whichever report or interval comes next, which cost up to a report interval, the debounce and
 the policy process's wake-up past the ``for:``. Only conditions whose moment can be told are counted:
-thresholds in every sample, heat, a WEDGED replica's stall; the others keep the rounds' usual pace.
+thresholds in every sample, heat, a WEDGED replica's stall, a silent node; the others keep the rounds' usual
+pace.
 """
 
 from __future__ import annotations
@@ -13,11 +14,17 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from controlplane.policy.actions import LowerMaxNumSeqsAction
-from controlplane.policy.conditions import StallCondition, ThermalCondition, ThresholdCondition
+from controlplane.policy.conditions import (
+    NodeUnreachableCondition,
+    StallCondition,
+    ThermalCondition,
+    ThresholdCondition,
+)
+from controlplane.policy.detectors.node import node_unreachable_due
 from controlplane.policy.detectors.slo import threshold_due
 from controlplane.policy.detectors.stall import stall_due
 from controlplane.policy.detectors.thermal import thermal_due
-from controlplane.policy.evaluate import in_scope_gpus, in_scope_replicas
+from controlplane.policy.evaluate import in_scope_gpus, in_scope_nodes, in_scope_replicas
 from controlplane.policy.policy import Policy
 from controlplane.policy.snapshot import FleetSnapshot
 
@@ -37,6 +44,8 @@ def policy_due(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> dateti
         found = [thermal_due(cond, g, now) for g in in_scope_gpus(policy, snapshot)]
     elif isinstance(cond, StallCondition):
         found = [stall_due(cond, r, now) for r in in_scope_replicas(policy, snapshot)]
+    elif isinstance(cond, NodeUnreachableCondition):
+        found = [node_unreachable_due(cond, n, snapshot, now) for n in in_scope_nodes(policy, snapshot)]
     return min((d for d in found if d is not None), default=None)
 
 

@@ -25,6 +25,7 @@ from controlplane.policy.conditions import (
     EccCondition,
     ErrorRateCondition,
     LeakCondition,
+    NodeUnreachableCondition,
     OomCrashCondition,
     StallCondition,
     ThermalCondition,
@@ -36,6 +37,7 @@ from controlplane.policy.detectors.crash import detect_crash_loop, detect_oom_cr
 from controlplane.policy.detectors.ecc import detect_ecc
 from controlplane.policy.detectors.findings import Finding
 from controlplane.policy.detectors.leak import detect_leak
+from controlplane.policy.detectors.node import dark, detect_node_unreachable
 from controlplane.policy.detectors.slo import detect_error_rate, detect_threshold
 from controlplane.policy.detectors.stall import detect_stall
 from controlplane.policy.detectors.thermal import detect_thermal
@@ -51,7 +53,7 @@ from controlplane.policy.payloads import (
 )
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target, replica_target
-from controlplane.policy.snapshot import FleetSnapshot, Gpu, Replica, split_key
+from controlplane.policy.snapshot import FleetSnapshot, Gpu, Node, Replica, split_key
 
 GPU_CONDITIONS = (ThermalCondition, XidCondition, EccCondition)
 
@@ -65,6 +67,13 @@ def in_scope_gpus(policy: Policy, snapshot: FleetSnapshot) -> list[Gpu]:
     selective = bool(policy.scope.models or policy.scope.labels)
     return [g for g in snapshot.gpus if policy.scope.matches_node(g.node) and (
         not selective or any(policy.scope.matches(r) for r in snapshot.replicas_on(g.node, g.index)))]
+
+
+def in_scope_nodes(policy: Policy, snapshot: FleetSnapshot) -> list[Node]:
+    """Nodes the scope names; with model or label selectors, only nodes running a selected replica."""
+    selective = bool(policy.scope.models or policy.scope.labels)
+    return [n for n in snapshot.nodes if policy.scope.matches_node(n.name) and (
+        not selective or any(policy.scope.matches(r) for r in snapshot.replicas_on(n.name)))]
 
 
 def alert_target(key: str) -> Target | None:
@@ -110,6 +119,10 @@ def detect(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> list[Findi
     cond = policy.condition
     if isinstance(cond, AlertCondition):
         return detect_alert(cond, snapshot.external_alerts, lambda key: _alert_in_scope(policy, snapshot, key), now)
+    if isinstance(cond, NodeUnreachableCondition):
+        nodes = in_scope_nodes(policy, snapshot)
+        gone = {n.name for n in snapshot.nodes if dark(cond, n, snapshot, now)}
+        return [f for n in nodes if (f := detect_node_unreachable(cond, n, snapshot, now, gone))]
     if isinstance(cond, GPU_CONDITIONS):
         gpus = in_scope_gpus(policy, snapshot)
         if isinstance(cond, ThermalCondition):
@@ -140,6 +153,8 @@ def _subject_replicas(policy: Policy, finding: Finding, snapshot: FleetSnapshot)
     if isinstance(policy.condition, AlertCondition):
         target = alert_target(finding.subject)
         return [] if target is None else _alert_replicas(policy, target, snapshot)
+    if isinstance(policy.condition, NodeUnreachableCondition):
+        return [r for r in snapshot.replicas_on(finding.subject) if policy.scope.matches(r)]
     node, rest = split_key(finding.subject)
     if isinstance(policy.condition, GPU_CONDITIONS):
         return [r for r in snapshot.replicas_on(node, int(rest)) if policy.scope.matches(r)]
@@ -151,6 +166,8 @@ def _subject_target(policy: Policy, finding: Finding) -> Target:
         target = alert_target(finding.subject)
         assert target is not None  # the detector finds only targets that parse
         return target
+    if isinstance(policy.condition, NodeUnreachableCondition):
+        return Target(kind="node", node=finding.subject)
     node, rest = split_key(finding.subject)
     if isinstance(policy.condition, GPU_CONDITIONS):
         return Target(kind="gpu", node=node, gpu=int(rest))

@@ -224,6 +224,9 @@ class FleetSnapshot(_Frozen):
     flag_trials: list[FlagTrial] = Field(default_factory=list)
     # Alertmanager's alerts firing now, for the ``alert`` condition.
     external_alerts: list[ExternalAlert] = Field(default_factory=list)
+    # When the control plane evaluating this began to hear reports (its start): a node's silence counts from
+    # here at the earliest, so a control plane back from its own outage does not find every node dark.
+    reports_since: AwareDatetime | None = None
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)

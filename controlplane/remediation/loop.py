@@ -116,11 +116,15 @@ def _trip(session: Session, reason: str, now: datetime) -> None:
 
 
 def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_config: GuardConfig,
-              history: timedelta, samples: SampleHistory | None = None) -> RoundResult:
+              history: timedelta, samples: SampleHistory | None = None,
+              reports_since: datetime | None = None) -> RoundResult:
     """Evaluate every policy against the stored fleet and record the guarded decisions (``samples``: the
-    leader's history cache, read incrementally)."""
+    leader's history cache, read incrementally; ``reports_since``: when this control plane began to hear
+    reports, before which no node's silence counts)."""
     result = RoundResult()
     snapshot = build_snapshot(session=session, now=now, history=history, samples=samples)
+    if reports_since is not None:
+        snapshot = snapshot.model_copy(update={"reports_since": reports_since})
     proposed = evaluate(policies, snapshot, now)
     result.proposed = len(proposed)
     result.next_due = next_due(policies, snapshot, now)

@@ -123,6 +123,13 @@ def test_a_cordoned_or_unreachable_node_inhibits_its_replica_alerts_with_a_reaso
     assert inhibitions(alerts, {"gpu-a": NodeFacts("gpu-a")}) == {}
 
 
+
+def test_an_unreachable_node_never_mutes_its_own_page() -> None:
+    dark = {"alertname": "pitstop-node-unreachable", "target": "node:gpu-b", "severity": "page", "node": "gpu-b"}
+    alerts = facts(ELSEWHERE, dark)
+    found = inhibitions(alerts, {"gpu-b": NodeFacts("gpu-b", unreachable=True, last_report_at=T0)})
+    assert 1 in found and 2 not in found  # the replica's alert is noise beside the page; the page is the news
+
 def test_causes_and_reasons_together_ids_first() -> None:
     alerts = facts(STALL, XID)
     assert inhibitions(alerts, {"gpu-a": NodeFacts("gpu-a", cordoned=True)}) == \

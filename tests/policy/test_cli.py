@@ -14,7 +14,7 @@ from tests.policy.test_loader import BROKEN
 
 def test_check_accepts_the_defaults(capsys):
     assert main(["check", str(DEFAULTS_DIR)]) == 0
-    assert capsys.readouterr().out.startswith("ok: 14 policies in 14 file(s)")
+    assert capsys.readouterr().out.startswith("ok: 15 policies in 15 file(s)")
 
 
 def test_check_reports_every_error_as_file_line_field(tmp_path, capsys):
@@ -80,7 +80,7 @@ def test_pitstop_policy_command_runs_end_to_end(tmp_path):
     snapshot.write_text(problem_fleet().model_dump_json())
     check = subprocess.run([sys.executable, "-m", "pitstop.cli", "policy", "check", str(DEFAULTS_DIR)],
                            capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0 and check.stdout.startswith("ok: 14 policies")
+    assert check.returncode == 0 and check.stdout.startswith("ok: 15 policies")
     explained = subprocess.run([sys.executable, "-m", "pitstop.cli", "policy", "explain", "--snapshot", str(snapshot),
                                 "--no-evidence"], capture_output=True, text=True, timeout=60)
     assert explained.returncode == 0 and "[ALLOW] cordon node:n2" in explained.stdout
