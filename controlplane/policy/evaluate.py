@@ -37,7 +37,7 @@ from controlplane.policy.detectors.crash import detect_crash_loop, detect_oom_cr
 from controlplane.policy.detectors.ecc import detect_ecc
 from controlplane.policy.detectors.findings import Finding
 from controlplane.policy.detectors.leak import detect_leak
-from controlplane.policy.detectors.node import dark, detect_node_unreachable
+from controlplane.policy.detectors.node import dark, detect_model_short, detect_node_unreachable
 from controlplane.policy.detectors.slo import detect_error_rate, detect_threshold
 from controlplane.policy.detectors.stall import detect_stall
 from controlplane.policy.detectors.thermal import detect_thermal
@@ -122,7 +122,9 @@ def detect(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> list[Findi
     if isinstance(cond, NodeUnreachableCondition):
         nodes = in_scope_nodes(policy, snapshot)
         gone = {n.name for n in snapshot.nodes if dark(cond, n, snapshot, now)}
-        return [f for n in nodes if (f := detect_node_unreachable(cond, n, snapshot, now, gone))]
+        models = sorted({r.model for r in in_scope_replicas(policy, snapshot)})
+        return ([f for n in nodes if (f := detect_node_unreachable(cond, n, snapshot, now, gone))]
+                + [f for m in models if (f := detect_model_short(cond, m, snapshot, gone))])
     if isinstance(cond, GPU_CONDITIONS):
         gpus = in_scope_gpus(policy, snapshot)
         if isinstance(cond, ThermalCondition):
@@ -154,7 +156,9 @@ def _subject_replicas(policy: Policy, finding: Finding, snapshot: FleetSnapshot)
         target = alert_target(finding.subject)
         return [] if target is None else _alert_replicas(policy, target, snapshot)
     if isinstance(policy.condition, NodeUnreachableCondition):
-        return [r for r in snapshot.replicas_on(finding.subject) if policy.scope.matches(r)]
+        model = finding.subject.removeprefix("model:") if finding.subject.startswith("model:") else None
+        on = snapshot.replicas_of_model(model) if model is not None else snapshot.replicas_on(finding.subject)
+        return [r for r in on if policy.scope.matches(r)]
     node, rest = split_key(finding.subject)
     if isinstance(policy.condition, GPU_CONDITIONS):
         return [r for r in snapshot.replicas_on(node, int(rest)) if policy.scope.matches(r)]
@@ -167,6 +171,8 @@ def _subject_target(policy: Policy, finding: Finding) -> Target:
         assert target is not None  # the detector finds only targets that parse
         return target
     if isinstance(policy.condition, NodeUnreachableCondition):
+        if finding.subject.startswith("model:"):
+            return Target(kind="model", model=finding.subject.removeprefix("model:"))
         return Target(kind="node", node=finding.subject)
     node, rest = split_key(finding.subject)
     if isinstance(policy.condition, GPU_CONDITIONS):

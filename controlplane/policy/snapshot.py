@@ -227,6 +227,9 @@ class FleetSnapshot(_Frozen):
     # When the control plane evaluating this began to hear reports (its start): a node's silence counts from
     # here at the earliest, so a control plane back from its own outage does not find every node dark.
     reports_since: AwareDatetime | None = None
+    # Each model's disruption budget: how many of its replicas must stay READY (the guardrails' floor), for the
+    # detectors that judge capacity. A model not listed is judged by nothing of the kind.
+    ready_floors: dict[str, int] = Field(default_factory=dict)
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)

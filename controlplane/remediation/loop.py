@@ -9,6 +9,7 @@ touch a replica another open action is already changing.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -123,8 +124,10 @@ def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_
     reports, before which no node's silence counts)."""
     result = RoundResult()
     snapshot = build_snapshot(session=session, now=now, history=history, samples=samples)
-    if reports_since is not None:
-        snapshot = snapshot.model_copy(update={"reports_since": reports_since})
+    models = Counter(r.model for r in snapshot.replicas)
+    snapshot = snapshot.model_copy(update={
+        "reports_since": reports_since,
+        "ready_floors": {m: guard_config.budget_for(m).floor(n) for m, n in models.items()}})
     proposed = evaluate(policies, snapshot, now)
     result.proposed = len(proposed)
     result.next_due = next_due(policies, snapshot, now)

@@ -4,8 +4,9 @@ A real ``pitstop server`` runs the shipped ``node-unreachable`` policy (its ``fo
 sends to four receivers on loopback, one per format; a real ``pitstop agent`` supervises two simulated engines
 of two models. The agent is killed with SIGKILL, as a host that loses power would leave it: no goodbye, its
 engines serving on without it. Every receiver gets a page naming the node, when it was last heard and what it
-runs; a new agent adopts the engines, reports, and every receiver gets the resolve. The node's own
-unreachability, which inhibits its replica alerts, never mutes this page.
+runs, and one per model the node's silence left below its disruption budget; a new agent adopts the engines,
+reports, and every receiver gets the resolves. The node's own unreachability, which inhibits its replica
+alerts, never mutes these pages.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def _start_server(tmp: Path, processes: StackProcesses, hooks: dict[str, Receivi
                 {"name": "chat", "slack": {"webhook_url": hooks["chat"].url}},
                 {"name": "signed", "webhook": {"url": hooks["signed"].url, "hmac_secret_file": str(tmp / "hmac")}},
             ],
-            "route": {"receiver": "am", "group_by": ["node"], "group_wait": "0s", "group_interval": "1s",
+            # The product's default grouping: the node's page apart from each model's.
+            "route": {"receiver": "am", "group_by": ["model", "node"], "group_wait": "0s", "group_interval": "1s",
                       "repeat_interval": "4h", "routes": [{"receiver": name, "continue": True} for name in RECEIVERS]},
         },
     }))
@@ -135,27 +137,30 @@ def test_a_killed_agent_pages_every_receiver_with_what_its_node_runs_and_the_nex
                    what=f"the page at every receiver\n{processes.log('server')[-3000:]}")
         paged = time.monotonic() - killed
         assert paged >= FOR_SECONDS, paged  # not before the node has been silent for the policy's for:
-        for name in RECEIVERS:
-            [page] = _bodies(hooks[name], name, "firing")
-            text = _text(name, page)
-            assert f"node {NODE} unreachable" in text, (name, text)
-            assert "chat: chat-0 here, 1 of its 1 replicas unaccounted for" in text, (name, text)
-            assert "code: code-0 here" in text, (name, text)
-        [alert] = hooks["am"].bodies[0]["alerts"]
-        assert alert["labels"]["alertname"] == "pitstop-node-unreachable" and alert["labels"]["node"] == NODE
-        assert alert["labels"]["target"] == f"node:{NODE}" and alert["labels"]["severity"] == "page"
-        assert hooks["pager"].bodies[0]["payload"]["severity"] == "critical"
+        # The node's page, and one per model its silence left below the disruption budget (each model had its
+        # only replica there).
+        wanted = (f"node {NODE} unreachable", "chat: chat-0 here, 1 of its 1 replicas unaccounted for",
+                  "code: code-0 here", "model chat below its disruption budget", "model code below")
+        wait_until(lambda: all(w in " ".join(_text(n, b) for b in _bodies(hooks[n], n, "firing"))
+                               for n in RECEIVERS for w in wanted), 30, interval=0.2, what="every page everywhere")
+        alerts = {a["labels"]["target"]: a for b in hooks["am"].bodies for a in b["alerts"]}
+        assert set(alerts) == {f"node:{NODE}", "model:chat", "model:code"}
+        node_page = alerts[f"node:{NODE}"]["labels"]
+        assert node_page["alertname"] == "pitstop-node-unreachable" and node_page["node"] == NODE
+        assert node_page["severity"] == "page" and alerts["model:chat"]["labels"]["model"] == "chat"
+        assert all(b["payload"]["severity"] == "critical" for b in hooks["pager"].bodies)
         # Its engines served on without the agent.
         assert all(http_ok(f"http://127.0.0.1:{p}/health", timeout=3) for p in _ports(config))
 
         second = processes.start("agent-2", "agent", "--config", str(config))
         processes.wait_serving(second, f"{agent}/healthz", 60)
-        wait_until(lambda: all(_bodies(hooks[n], n, "resolved") for n in RECEIVERS), 60, interval=0.2,
-                   what=f"the resolve at every receiver\n{processes.log('server')[-3000:]}")
+        wait_until(lambda: all(len(_bodies(hooks[n], n, "resolved")) == len(_bodies(hooks[n], n, "firing"))
+                               for n in RECEIVERS), 60, interval=0.2,
+                   what=f"the resolves at every receiver\n{processes.log('server')[-3000:]}")
         # The new agent adopted the engines it found: nothing was restarted to bring the node back.
         assert sorted(_engine_pids(agent)) == sorted(engines)
-        [row] = [a for a in probe.get(f"{cp}/v1/alerts", timeout=5).json() if a["policy"] == "node-unreachable"]
-        assert row["state"] == "resolved", row
+        rows = [a for a in probe.get(f"{cp}/v1/alerts", timeout=5).json() if a["policy"] == "node-unreachable"]
+        assert len(rows) == 3 and all(a["state"] == "resolved" for a in rows), rows
     finally:
         processes.stop_all()
         for pid in engines:  # never leave an engine behind a failed test

@@ -14,13 +14,16 @@ from tests.policy.series import at, replica
 SHIPPED = {p.name: p for p in load_directory()}["node-unreachable"]
 
 
-def snapshot(now: float, heard: dict[str, float], reports_since: float | None = None) -> FleetSnapshot:
-    """Three nodes: llama on a (two replicas), b and c; mistral on a only. ``heard``: each node's last report."""
+def snapshot(now: float, heard: dict[str, float], reports_since: float | None = None,
+             floors: dict[str, int] | None = None) -> FleetSnapshot:
+    """Three nodes: llama on a (two replicas), b and c; mistral on a only. ``heard``: each node's last report;
+    ``floors``: each model's READY floor (the disruption budget)."""
     replicas = [replica("r0", node="a"), replica("r1", node="a"), replica("m0", node="a", model="mistral"),
                 replica("r2", node="b"), replica("r3", node="c")]
     return FleetSnapshot(now=at(now), replicas=replicas,
                          nodes=[Node(name=n, last_report_at=at(t)) for n, t in heard.items()],
-                         reports_since=None if reports_since is None else at(reports_since))
+                         reports_since=None if reports_since is None else at(reports_since),
+                         ready_floors=floors or {})
 
 
 def test_the_shipped_policy_pages_for_a_node_silent_a_minute() -> None:
@@ -73,3 +76,24 @@ def test_a_node_that_never_reported_and_an_out_of_scope_node_are_not_paged() -> 
     assert {a.target.key for a in evaluate([scoped], snapshot(100, heard), at(100))} == {"node:a"}
     never = FleetSnapshot(now=at(100), replicas=[replica("r0", node="n")], nodes=[Node(name="n")])
     assert evaluate([SHIPPED], never, at(100)) == []
+
+
+def test_a_model_left_below_its_budget_by_dark_nodes_is_a_page_of_its_own() -> None:
+    floors = {"llama-8b": 2, "mistral": 1}  # the default budget: max(1, ceil(50 % of the replicas))
+    # a alone is dark: llama keeps r2 and r3 (2 of 4, its floor); mistral has nothing left.
+    actions = evaluate([SHIPPED], snapshot(160, {"a": 100.0, "b": 158.0, "c": 158.0}, floors=floors), at(160))
+    assert {a.target.key for a in actions} == {"node:a", "model:mistral"}
+    [short] = [a for a in actions if a.target.key == "model:mistral"]
+    assert short.model == "mistral" and isinstance(short.payload, AlertPayload) and short.payload.severity == "page"
+    assert short.reason == ("model mistral below its disruption budget: 0 of 1 replicas READY on nodes that report, "
+                            "budget needs 1; 1 on silent nodes (a: m0)")
+    # a and b dark: llama is down to r3, under its floor of 2; one page for the model, whatever the nodes.
+    both = evaluate([SHIPPED], snapshot(160, {"a": 100.0, "b": 95.0, "c": 158.0}, floors=floors), at(160))
+    [llama] = [a for a in both if a.target.key == "model:llama-8b"]
+    assert "1 of 4 replicas READY on nodes that report, budget needs 2; 3 on silent nodes (a: r0, r1; b: r2)" \
+        in llama.reason
+    # Without a dark node, a model short of READY replicas is not this policy's to page (crash-loop and the
+    # SLOs are); and a model without a known budget is never judged.
+    assert evaluate([SHIPPED], snapshot(160, {"a": 158.0, "b": 158.0, "c": 158.0}, floors=floors), at(160)) == []
+    assert {a.target.key for a in evaluate([SHIPPED], snapshot(160, {"a": 100.0, "b": 158.0, "c": 158.0}),
+                                           at(160))} == {"node:a"}

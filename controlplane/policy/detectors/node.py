@@ -3,6 +3,10 @@
 The finding is the page's whole story: the node, when it was last heard, the replicas and models it runs, and,
 per model, how many of its replicas are on nodes that went dark (this one and any other) out of how many it
 has. The control plane's clock decides, never the agent's: a node whose clock is wrong still pages on time.
+
+A model left with fewer READY replicas on reporting nodes than its disruption budget (the guardrails' floor,
+``FleetSnapshot.ready_floors``) because some of its replicas are on dark nodes is a finding of its own, on the
+model: one page per model, however many of its nodes went dark.
 """
 
 from __future__ import annotations
@@ -70,3 +74,28 @@ def node_unreachable_due(cond: NodeUnreachableCondition, node: Node, snapshot: F
         return None
     due = start + timedelta(seconds=cond.for_)
     return due if due > now else None
+
+
+def detect_model_short(cond: NodeUnreachableCondition, model: str, snapshot: FleetSnapshot,
+                       dark_nodes: set[str]) -> Finding | None:
+    """A finding on ``model`` when replicas on ``dark_nodes`` leave it below its READY floor."""
+    floor = snapshot.ready_floors.get(model)
+    members = snapshot.replicas_of_model(model)
+    lost = [r for r in members if r.node in dark_nodes]
+    if floor is None or not lost:
+        return None
+    ready = [r for r in members if r.node not in dark_nodes and r.ready]
+    if len(ready) >= floor:
+        return None
+    where: dict[str, list[str]] = {}
+    for r in lost:
+        where.setdefault(r.node, []).append(r.name)
+    on = "; ".join(f"{node}: {', '.join(sorted(names))}" for node, names in sorted(where.items()))
+    return Finding(
+        detector="node_unreachable",
+        subject=f"model:{model}",
+        summary=f"model {model} below its disruption budget: {len(ready)} of {len(members)} replicas READY on "
+        f"nodes that report, budget needs {floor}; {len(lost)} on silent nodes ({on})",
+        measured={"ready": len(ready), "replicas": len(members), "floor": floor, "on_silent_nodes": len(lost)},
+        evidence=[Evidence(at=snapshot.now, values={"silent_nodes": sorted(where), "ready": [r.key for r in ready]})],
+    )
