@@ -85,6 +85,7 @@ class Jobs:
         self.guard_config = self.rounds.guard_config
         self.rollout = rollout_settings(config)
         self._poke_lock = threading.Lock()
+        self._pokes = 0  # reports seen, for a round to tell whether one came while it ran
         self.notifier = notifier_settings(config)
         self._links = Links(external_url=config.external_url or "", runbook_base_url=config.runbook_base_url)
         self._receivers = notifier.receivers(self.notifier)
@@ -150,9 +151,14 @@ class Jobs:
             if self._config.policy_warm_standby:
                 self.rounds.follow()
             return None
+        # A report's poke that comes while this round runs must get a round of its own after it: the scheduler
+        # skips a debounced round that fires while one runs, and this one read the store before that report.
+        pokes = self._pokes
         done = self.rounds.run()
         if done is None:
             return None
+        if self._pokes != pokes:
+            self.poke()
         self._on_round(done[1], self._clock().timestamp())  # its duration, and when it ended
         self._evaluate_when_due(done[0])
         return done[0]
@@ -177,6 +183,7 @@ class Jobs:
             self.process.poke()
             return
         with self._poke_lock:
+            self._pokes += 1
             if self._scheduler.get_job("evaluate_soon") is not None:
                 return
             when = datetime.now(UTC) + timedelta(seconds=self._config.policy_debounce_seconds)

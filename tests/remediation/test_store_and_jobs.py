@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import inspect, text
 
+import controlplane.rounds
 from controlplane.api.app import create_app
 from controlplane.policy.guardrails import ActionRecord, GuardConfig, GuardState, breaker_check
 from controlplane.store.db import current_revision, head_revision, make_engine, migrate
@@ -65,4 +69,44 @@ def test_a_report_triggers_a_policy_round_without_waiting_for_the_interval(tmp_p
             rows = client.get("/v1/actions", params={"policy": "stall"}).json()
             return any(a["kind"] == "restart" and a["state"] == "running" for a in rows)
 
-        wait_until(restarted, timeout=10, what="a restart recorded and applied after the reports")
+        wait_until(restarted, timeout=60, what="a restart recorded and applied after the reports")  # not 3600 s
+
+
+def test_reports_that_come_while_a_round_runs_get_a_round_of_their_own(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first round reads the store after the first report, then is held while the rest arrive: the rounds
+    # their pokes schedule fire while it runs and are skipped, so only a round after it can act on them.
+    agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
+    policies = policy_dir(tmp_path, stall=STALL % "")
+    clock = FakeClock(T0)
+    config = server_config(tmp_path, policy_dirs=[str(policies)], policy_defaults=False,
+                           policy_interval_seconds=3600, policy_debounce_seconds=0.05,
+                           executor_interval_seconds=3600)
+    held, release, rounds = threading.Event(), threading.Event(), []
+    real_round = controlplane.rounds.run_round
+
+    def first_round_held(**kw: Any) -> Any:
+        result = real_round(**kw)
+        rounds.append(kw["now"])
+        if len(rounds) == 1:
+            held.set()
+            release.wait(30)
+        return result
+
+    monkeypatch.setattr(controlplane.rounds, "run_round", first_round_held)
+    with TestClient(create_app(config, clock=clock)) as client:
+        wedge(agent, "r0")
+        clock.advance(10)
+        agent.report(client, clock, 10)
+        wait_until(held.is_set, timeout=30, what="the first round, on the first report")
+        for _ in range(4):  # 40 s more of a wedged engine while that round runs
+            clock.advance(10)
+            agent.report(client, clock, 10)
+        release.set()
+
+        def restarted() -> bool:
+            rows = client.get("/v1/actions", params={"policy": "stall"}).json()
+            return any(a["kind"] == "restart" and a["state"] == "running" for a in rows)
+
+        wait_until(restarted, timeout=60, what="a restart from a round after the held one")
+        assert len(rounds) >= 2
