@@ -45,8 +45,9 @@ def test_rolling_restart_drops_nothing_with_drain_and_drops_without(tmp_path: Pa
 
 
 @pytest.mark.timeout(420)
-# Beside other tests: both pipelines read the same fleet on the same cores; under four busy loops on two cores
-# Pitstop acted at 7.3 to 7.8 s and the shortened stock pipeline alerted at 23.6 to 26.1 s.
+# Alone: beside the suite's other tests its stall leg once counted no request lost with the wedged engine. The
+# restart came 0.8 s before the agent's WEDGED verdict, so only the gauges counted; why they read none is open.
+@pytest.mark.solo
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus and alertmanager")
 def test_fault_to_action_pitstop_acts_before_the_stock_pipeline_alerts(tmp_path: Path) -> None:
     doc = run_quick("fault_to_action.py", tmp_path / "f2a.json")
