@@ -70,6 +70,7 @@ class ProgressWatch:
     # What the engine last published while it was visibly progressing: the requests a wedge takes with it.
     in_flight_when_live: float | None = None
     _history: list[CanaryEvidence] = field(default_factory=list)
+    _previous_in_flight: float | None = None  # the last scrape's count, whatever it showed
 
     def observe(self, evidence: CanaryEvidence) -> Progress:
         verdict = judge(evidence, self.streak, self.needed)
@@ -79,9 +80,14 @@ class ProgressWatch:
         return verdict
 
     def engine_seen(self, in_flight: float | None, tokens_moving: bool) -> None:
-        """Remember the engine's in-flight count from a scrape that showed tokens moving."""
+        """Remember the engine's in-flight count from a scrape that showed tokens moving.
+
+        Tokens moving is the window since the previous scrape; the gauges are read at this one, which may come
+        after the freeze (a frozen core's gauges read 0). So the previous scrape's count, taken while the
+        engine still had tokens to make, counts too."""
         if tokens_moving and in_flight is not None:
-            self.in_flight_when_live = in_flight
+            self.in_flight_when_live = max(in_flight, self._previous_in_flight or 0.0)
+        self._previous_in_flight = in_flight
 
     def engine_scraped(self, engine: EngineSample) -> None:
         """``engine_seen`` from one scrape of the engine's /metrics (a failed scrape says nothing)."""
@@ -94,6 +100,7 @@ class ProgressWatch:
         self.last = None
         self.in_flight_when_live = None
         self._history = []
+        self._previous_in_flight = None
 
     def wedged_reason(self, in_flight: int, connections: int | None) -> str:
         """The WEDGED transition's message: the verdict's evidence, and the requests the wedge holds."""

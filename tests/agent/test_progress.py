@@ -48,6 +48,17 @@ def test_in_flight_is_remembered_only_while_tokens_move() -> None:
     assert watch.in_flight_when_live == 3.0
 
 
+
+def test_the_scrape_that_saw_the_last_tokens_but_read_its_gauges_after_the_freeze_does_not_zero_the_count() -> None:
+    watch = ProgressWatch()
+    watch.engine_seen(4.0, tokens_moving=True)
+    watch.engine_seen(0.0, tokens_moving=True)  # tokens came before the freeze; the gauges were read after it
+    watch.engine_seen(0.0, tokens_moving=False)
+    assert watch.in_flight_when_live == 4.0
+    watch.reset()
+    watch.engine_seen(0.0, tokens_moving=True)  # a new process: the old one's count is not carried over
+    assert watch.in_flight_when_live == 0.0
+
 def test_the_wedged_message_gives_the_evidence_and_what_the_wedge_holds() -> None:
     watch = ProgressWatch(needed=2)
     watch.observe(CanaryEvidence(ok=False, tokens_before=40, tokens_after=40, error="timed out"))

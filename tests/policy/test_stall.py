@@ -69,6 +69,14 @@ def test_a_wedge_whose_gauges_read_zero_is_a_stall_and_counts_the_requests_it_to
     assert "3 in-flight request(s) are lost" in finding.summary
 
 
+
+def test_the_sample_that_saw_the_last_tokens_after_the_gauges_fell_to_zero_does_not_hide_the_lost_requests():
+    # The sample at 305 s counts the tokens made before the freeze, but its gauges were read after it (0).
+    last = healthy(0, start=305, requests_running=0.0, generation_tokens_total=123456.0)
+    history = healthy(300, requests_running=4.0) + last + frozen_core(310, 180)
+    finding = detect_stall(STALL, replica(history=history), at(490))
+    assert finding is not None and finding.measured["requests_lost"] == 4.0
+
 def test_a_wedge_whose_gauges_froze_at_their_last_values_is_a_stall():
     history = healthy(300, requests_running=2.0) + frozen_core(310, 180, running=2.0)
     finding = detect_stall(STALL, replica(history=history), at(490))

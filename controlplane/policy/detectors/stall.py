@@ -64,12 +64,15 @@ def requests_lost(history: Sequence[ReplicaSample], run: list[ReplicaSample]) ->
     """The requests the engine held when it last made progress: a restart loses them anyway.
 
     The agent's count when it judged the replica WEDGED (client connections open to the engine), else the
-    gauges: the last sample before the run whose tokens moved, and the run itself (a frozen core's gauges read
-    0 or keep their last values: either way the last live reading is the count)."""
+    gauges: the last sample before the run whose tokens moved and the one before it, and the run itself (a
+    frozen core's gauges read 0 or keep their last values: either way the last live reading is the count). A
+    sample's token rate covers the time since the one before, but its gauges are read at its own moment, which
+    may already be after the freeze: the sample before it read them while the engine still had tokens to make."""
     start = run[0].at
     before = [s for s in history if s.at < start]
-    live = next((s for s in reversed(before) if (s.generation_tokens_per_second or 0) > 0), None)
-    gauges = [_in_flight(s) for s in ([live] if live is not None else []) + run]
+    i = next((i for i in range(len(before) - 1, -1, -1) if (before[i].generation_tokens_per_second or 0) > 0), None)
+    live = [] if i is None else before[max(0, i - 1):i + 1]
+    gauges = [_in_flight(s) for s in live + run]
     counted = [float(s.requests_lost) for s in run if s.requests_lost is not None]  # the agent's own count
     return max(gauges + counted, default=0.0)
 
