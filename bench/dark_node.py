@@ -56,7 +56,7 @@ def one_run(tmp: Path, fault: str) -> dict[str, Any]:
     with Processes(tmp / "logs") as procs, PagerDutyReceiver() as pager:
         cp_port, agent_port = free_port(), free_port()
         (tmp / "server.yaml").write_text(yaml.safe_dump(server_config({
-            "port": cp_port, "database_url": f"sqlite:///{tmp / 'cp.db'}",
+            "port": cp_port, "database_url": f"sqlite:///{tmp / 'cp.db'}", "external_url": "https://pitstop.bench.invalid",
             "notifier": {"receivers": [{"name": "pager", "pagerduty": {"url": pager.url,
                                                                        "routing_key": ROUTING_KEY}}],
                          "route": {"receiver": "pager"}}})))
@@ -94,11 +94,18 @@ def one_run(tmp: Path, fault: str) -> dict[str, Any]:
                 procs.wait_serving(again, f"{agent_url}/healthz", 60)
             else:
                 proxy.heal()
-            wait_until(lambda: _first(pager, "resolve", f"node:{NODE}") is not None, 120, interval=0.2,
+            page = _first(pager, "trigger", f"node:{NODE}")
+            assert page is not None
+
+            def resolved() -> PagerEvent | None:  # a resolve names its incident by the trigger's dedup key
+                return next((e for e in list(pager.events) if e.action == "resolve" and e.dedup_key == page.dedup_key),
+                            None)
+
+            wait_until(lambda: resolved() is not None, 120, interval=0.2,
                        what=f"the node's resolve\n{procs.log('server')[-2000:]}")
+            resolve = resolved()
+            assert resolve is not None
             adopted = sorted(_engine_pids(agent_url)) == sorted(engines)
-            page, resolve = _first(pager, "trigger", f"node:{NODE}"), _first(pager, "resolve", f"node:{NODE}")
-            assert page is not None and resolve is not None
             models = {m: None if (e := _first(pager, "trigger", f"model:{m}")) is None else round(e.at - fault_at, 2)
                       for m in ("chat", "code")}
             return {"fault": fault, "page_s": round(page.at - fault_at, 2), "model_pages_s": models,

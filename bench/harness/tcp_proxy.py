@@ -53,6 +53,11 @@ class BlackHoleProxy:
             self._loop.run_forever()
         finally:
             server.close()
+            self._close_held()
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.run_until_complete(server.wait_closed())
             self._loop.close()
 
