@@ -44,3 +44,13 @@ class Receiving:
         self.server.server_close()
 
 
+
+
+def said(kind: str, body: dict[str, Any]) -> str:
+    """What one body a receiver of ``kind`` got says: "firing" or "resolved" (``pager``: PagerDuty Events v2,
+    ``chat``: Slack; anything else: Alertmanager's webhook or Pitstop's signed one, which carry ``status``)."""
+    if kind == "pager":
+        return "firing" if body["event_action"] == "trigger" else "resolved"
+    if kind == "chat":
+        return "firing" if "FIRING" in body["blocks"][0]["text"]["text"] else "resolved"
+    return str(body["status"])

@@ -24,7 +24,7 @@ import yaml
 from bench.harness.http import probe
 from controlplane.policy_files import DEFAULTS_DIR
 from tests.helpers import free_port, http_ok, wait_until
-from tests.notify.receiving import Receiving
+from tests.notify.receiving import Receiving, said
 from tests.observability.conftest import StackProcesses
 
 pytestmark = pytest.mark.slow
@@ -85,16 +85,9 @@ def _agent_config(tmp: Path, cp: str) -> tuple[Path, str]:
     return config, f"http://127.0.0.1:{port}"
 
 
-def _status(name: str, body: dict[str, Any]) -> str:
-    if name == "pager":
-        return "firing" if body["event_action"] == "trigger" else "resolved"
-    if name == "chat":
-        return "firing" if "FIRING" in body["blocks"][0]["text"]["text"] else "resolved"
-    return str(body["status"])
-
 
 def _bodies(hook: Receiving, name: str, status: str) -> list[dict[str, Any]]:
-    return [b for b in list(hook.bodies) if _status(name, b) == status]
+    return [b for b in list(hook.bodies) if said(name, b) == status]
 
 
 def _text(name: str, body: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ from jsonschema import Draft202012Validator
 from bench.harness.http import probe
 from controlplane.notify.signing import verify
 from tests.helpers import SteadyTraffic, free_port, http_ok, wait_until
-from tests.notify.receiving import Receiving
+from tests.notify.receiving import Receiving, said
 from tests.observability.conftest import StackProcesses
 from tests.observability.stack import ALERTMANAGER, PROMETHEUS, query, shortened_rules, start_prometheus
 
@@ -201,18 +201,10 @@ def _ready(agent: str, name: str) -> bool:
     return http_ok(f"{agent}/v1/replicas/{name}/ready", timeout=3)
 
 
-def _status(name: str, body: dict[str, Any]) -> str:
-    """What a body received at receiver ``name`` says: "firing" or "resolved"."""
-    if name == "pager":
-        return "firing" if body["event_action"] == "trigger" else "resolved"
-    if name == "chat":
-        return "firing" if "FIRING" in body["blocks"][0]["text"]["text"] else "resolved"
-    return str(body["status"])
-
 
 def _first(hooks: dict[str, Receiving], name: str, status: str) -> tuple[int, dict[str, Any]] | None:
     for i, body in enumerate(list(hooks[name].bodies)):
-        if _status(name, body) == status:
+        if said(name, body) == status:
             return i, body
     return None
 
@@ -333,7 +325,7 @@ def _alertmanager_input_is_mapped(cp: str) -> None:
 
 def _resolves_close_the_pages(hooks: dict[str, Receiving], cp: str) -> None:
     # One page and one resolve per receiver: the page is not repeated while the alert fires.
-    assert {name: [_status(name, b) for b in hooks[name].bodies] for name in RECEIVERS} == {
+    assert {name: [said(name, b) for b in hooks[name].bodies] for name in RECEIVERS} == {
         name: ["firing", "resolved"] for name in RECEIVERS}
     for name, schema in SCHEMA_OF.items():
         for body in hooks[name].bodies:

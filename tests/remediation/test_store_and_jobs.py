@@ -13,6 +13,7 @@ from sqlalchemy import inspect, text
 
 import controlplane.rounds
 from controlplane.api.app import create_app
+from controlplane.config import ServerConfig
 from controlplane.policy.guardrails import ActionRecord, GuardConfig, GuardState, breaker_check
 from controlplane.store.db import current_revision, head_revision, make_engine, migrate
 from tests.controlplane.fixtures import T0, FakeClock
@@ -52,13 +53,17 @@ def test_a_breaker_reset_forgets_the_failures_before_it() -> None:
                          T0 + timedelta(minutes=1)) is not None
 
 
-def test_a_report_triggers_a_policy_round_without_waiting_for_the_interval(tmp_path: Path) -> None:
+def _stall_only(tmp_path: Path) -> tuple[SimAgent, FakeClock, ServerConfig]:
+    """Two replicas, the stall policy alone, rounds only after reports (the interval is an hour)."""
     agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
     policies = policy_dir(tmp_path, stall=STALL % "")
-    clock = FakeClock(T0)
     config = server_config(tmp_path, policy_dirs=[str(policies)], policy_defaults=False,
                            policy_interval_seconds=3600, policy_debounce_seconds=0.05,
                            executor_interval_seconds=3600)
+    return agent, FakeClock(T0), config
+
+def test_a_report_triggers_a_policy_round_without_waiting_for_the_interval(tmp_path: Path) -> None:
+    agent, clock, config = _stall_only(tmp_path)
     with TestClient(create_app(config, clock=clock)) as client:
         wedge(agent, "r0")
         for _ in range(5):  # 50 s of a wedged engine, reported as fast as the test can
@@ -76,12 +81,7 @@ def test_reports_that_come_while_a_round_runs_get_a_round_of_their_own(tmp_path:
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # The first round reads the store after the first report, then is held while the rest arrive: the rounds
     # their pokes schedule fire while it runs and are skipped, so only a round after it can act on them.
-    agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
-    policies = policy_dir(tmp_path, stall=STALL % "")
-    clock = FakeClock(T0)
-    config = server_config(tmp_path, policy_dirs=[str(policies)], policy_defaults=False,
-                           policy_interval_seconds=3600, policy_debounce_seconds=0.05,
-                           executor_interval_seconds=3600)
+    agent, clock, config = _stall_only(tmp_path)
     held, release, rounds = threading.Event(), threading.Event(), []
     real_round = controlplane.rounds.run_round
 
