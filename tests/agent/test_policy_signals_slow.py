@@ -59,6 +59,8 @@ _READS: dict[type, Callable[[Any], set[Need]]] = {
     c.CrashLoopCondition: lambda cond: {("event", "state"), ("event", "restarts_total")},
     c.OomCrashCondition: lambda cond: {("event", "last_exit_code"), ("event", "log_tail")},
     c.AlertCondition: lambda cond: set(),  # Alertmanager's alerts, not the agent's reports
+    # A report's arrival (stamped with the control plane's clock) and what runs on the node.
+    c.NodeUnreachableCondition: lambda cond: {("node", "node"), ("node", "replicas")},
 }
 
 
