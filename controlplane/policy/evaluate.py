@@ -122,6 +122,8 @@ def detect(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> list[Findi
     if isinstance(cond, NodeUnreachableCondition):
         nodes = in_scope_nodes(policy, snapshot)
         gone = {n.name for n in snapshot.nodes if dark(cond, n, snapshot, now)}
+        if not gone:
+            return []  # the common round: every node heard from, no model to walk
         models = sorted({r.model for r in in_scope_replicas(policy, snapshot)})
         return ([f for n in nodes if (f := detect_node_unreachable(cond, n, snapshot, now, gone))]
                 + [f for m in models if (f := detect_model_short(cond, m, snapshot, gone))])
