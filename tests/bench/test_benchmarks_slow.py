@@ -97,7 +97,7 @@ def test_governor_meets_the_itl_slo_on_real_processes_by_lowering_max_num_seqs(t
     assert ladder[0] == 256 and ladder[-1] == 16
     [load] = doc["loads"]
     assert [r["max_num_seqs"] for r in load["rows"]] == ladder
-    # The sweep, read as the policy reads the agent: 256 misses ITL p99 <= 200 ms, a lower static value meets
+    # The sweep, read as the policy reads the agent: 256 misses the (cut) ITL p99 SLO, a lower static value meets
     # it within the governor's throughput limit, and lowering fixes no TTFT.
     assert load["qualifies"] and load["governable"] and load["best_static"] < 256, load
     assert not load["ttft_fixed_by_lowering"]
