@@ -37,6 +37,7 @@ class AttachedReplica:
         self.process: ProcessSample | None = None
         self.canary_ttft: float | None = None
         self.canary_ok: bool | None = None
+        self.canary_aborts_total = 0  # canaries cut at their deadline: aborted requests in vLLM's counter
         self._stop = asyncio.Event()
         self.progress = ProgressWatch(needed=wedge_canaries)
         self.wedged = False
@@ -82,4 +83,5 @@ class AttachedReplica:
             name=self.spec.name, model=self.spec.model, url=self.spec.base_url, state=self.state,
             ready=self.state == S.ATTACHED and not self.wedged, managed=False, gpus=self.spec.gpus,
             state_since=self.machine.since, engine=self.engine, process=self.process,
-            canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok)
+            canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok,
+            canary_aborts_total=self.canary_aborts_total)

@@ -107,6 +107,8 @@ class Canaries:
                                          CANARY_TOKENS, self.config.canary_timeout, asyncio.get_running_loop().time,
                                          request=request, gather_seconds=CANARY_GATHER_SECONDS)
         replica.canary_ok, replica.canary_ttft = result.ok, result.ttft_seconds
+        if result.cut:
+            replica.canary_aborts_total += 1  # the agent's own abort, never a user's error (``agent.scrape``)
         if result.ok:
             return CanaryEvidence(ok=True)
         after = await generation_tokens(client, url, replica.model_name, timeout)

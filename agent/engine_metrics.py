@@ -22,6 +22,9 @@ ttft                histogram  vllm:time_to_first_token_seconds
 itl                 histogram  vllm:inter_token_latency_seconds, vllm:time_per_output_token_seconds
 e2e                 histogram  vllm:e2e_request_latency_seconds
 ==================  =========  ==================================================================
+
+``errors_per_second`` is the users' errors: the agent's own canaries that it cut at their deadline are aborted
+requests in ``errors`` too, and ``engine_sample`` leaves out as many as it is told (``agent.scrape``).
 """
 
 from __future__ import annotations
@@ -214,17 +217,21 @@ def _plan_for(shape: Shape, model: str | None) -> _Plan:
     return plan
 
 
-def _rate(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None) -> float | None:
+def counter_delta(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None) -> float | None:
+    """How much counter ``key`` grew from ``prev`` to ``cur``; None unless both scrapes have it."""
     if prev is None or key not in cur.values or key not in prev.values:
-        return None
-    dt = cur.at - prev.at
-    if dt <= 0:
         return None
     delta = cur.values[key] - prev.values[key]
     # A counter that went down means the engine restarted: count from zero, never a negative rate.
-    if delta < 0:
-        delta = cur.values[key]
-    return delta / dt
+    return cur.values[key] if delta < 0 else delta
+
+
+def _rate(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None, less: float = 0.0) -> float | None:
+    """Counter ``key``'s growth per second over the window, ``less`` of it left out (never below 0)."""
+    delta = counter_delta(key, cur, prev)
+    if delta is None or prev is None or cur.at <= prev.at:
+        return None
+    return max(0.0, delta - less) / (cur.at - prev.at)
 
 
 def _window_quantiles(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None,
@@ -238,8 +245,10 @@ def _window_quantiles(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None
 _RATIOS = frozenset({"kv_cache_usage_ratio", "prefix_cache_hit_ratio"})
 
 
-def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None, stalled: bool | None = None) -> EngineSample:
-    """Gauges from ``cur``; rates and window quantiles from ``cur - prev`` (``None`` without ``prev``)."""
+def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None, stalled: bool | None = None,
+                  own_errors: float = 0.0) -> EngineSample:
+    """Gauges from ``cur``; rates and window quantiles from ``cur - prev`` (``None`` without ``prev``).
+    ``own_errors``: errors of the window that were the agent's own aborted canaries, left out of the rate."""
     v = cur.values
     ttft = _window_quantiles("ttft", cur, prev, (0.5, 0.95, 0.99))
     itl = _window_quantiles("itl", cur, prev, (0.5, 0.95, 0.99))
@@ -259,7 +268,7 @@ def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None, stalled: boo
         "prompt_tokens_per_second": _rate("prompt_tokens", cur, prev),
         "generation_tokens_per_second": _rate("generation_tokens", cur, prev),
         "requests_per_second": _rate("requests", cur, prev),
-        "errors_per_second": _rate("errors", cur, prev),
+        "errors_per_second": _rate("errors", cur, prev, less=own_errors),
         "preemptions_per_second": _rate("preemptions", cur, prev),
         "ttft_p50_seconds": ttft[0], "ttft_p95_seconds": ttft[1], "ttft_p99_seconds": ttft[2],
         "itl_p50_seconds": itl[0], "itl_p95_seconds": itl[1], "itl_p99_seconds": itl[2],

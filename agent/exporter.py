@@ -40,12 +40,15 @@ pitstop_engine_itl_seconds             gauge      inter-token latency quantiles 
 pitstop_engine_e2e_p99_seconds         gauge      e2e latency p99 over the last window
 pitstop_engine_generation_tokens_per_second gauge generation throughput
 pitstop_engine_requests_per_second     gauge      finished requests per second
-pitstop_engine_errors_per_second       gauge      requests finished with error or abort per second
+pitstop_engine_errors_per_second       gauge      users' requests finished with error or abort per second
+                                                  (the agent's own aborted canaries left out)
 pitstop_engine_preemptions_per_second  gauge      sequences preempted per second (KV cache full)
 pitstop_engine_stalled                 gauge      1 when work is queued but no token moved
 pitstop_engine_scrape_errors_total     counter    failed scrapes of the engine's /metrics
 pitstop_canary_ttft_seconds            gauge      TTFT of the last canary request
 pitstop_canary_ok                      gauge      1 when the last canary completed in time
+pitstop_canary_aborts_total            counter    canaries the agent cut at their deadline: vLLM counts each
+                                                  as finished_reason "abort"; the rules subtract them
 pitstop_build_info                     gauge      1, labelled with the agent's ``version`` and ``python``
 process_cpu_seconds_total              counter    the agent process's CPU time (prometheus_client's
                                                   process collector, with ``process_resident_memory_bytes``,
@@ -125,7 +128,7 @@ REPLICA_SERIES: tuple[tuple[str, str, str, ReplicaValue], ...] = (
     ("pitstop_engine_generation_tokens_per_second", "gauge", "Generation tokens per second.",
      _eng("generation_tokens_per_second")),
     ("pitstop_engine_requests_per_second", "gauge", "Finished requests per second.", _eng("requests_per_second")),
-    ("pitstop_engine_errors_per_second", "gauge", "Errored or aborted requests per second.",
+    ("pitstop_engine_errors_per_second", "gauge", "Users' errored or aborted requests per second.",
      _eng("errors_per_second")),
     ("pitstop_engine_preemptions_per_second", "gauge", "Sequences preempted per second (KV cache full).",
      _eng("preemptions_per_second")),
@@ -133,6 +136,8 @@ REPLICA_SERIES: tuple[tuple[str, str, str, ReplicaValue], ...] = (
      lambda r: _bool(r.engine.stalled) if r.engine is not None else None),
     ("pitstop_canary_ttft_seconds", "gauge", "TTFT of the last canary request.", lambda r: r.canary_ttft_seconds),
     ("pitstop_canary_ok", "gauge", "1 when the last canary completed in time.", lambda r: _bool(r.canary_ok)),
+    ("pitstop_canary_aborts", "counter", "Canaries the agent cut at their deadline (aborted requests in vLLM's "
+     "counter, no user's error).", lambda r: r.canary_aborts_total),
 )
 
 QUANTILE_SERIES: tuple[tuple[str, str, str], ...] = (

@@ -188,7 +188,7 @@ class Agent:
         scraper = self.scrapers[name]
         if replica.state in SCRAPE_STATES:
             was_stalled = scraper.last.stalled if scraper.last is not None else None
-            replica.engine = await scraper.scrape()
+            replica.engine = await scraper.scrape(own_aborts=replica.canary_aborts_total)
             replica.progress.engine_scraped(replica.engine)  # what a wedge would take with it
             if replica.engine.stalled and not was_stalled:
                 replica.machine.note("stall", "requests queued or running, generation tokens not moving")

@@ -57,6 +57,8 @@ class CompletionResult:
     ok: bool
     ttft_seconds: float | None = None
     error: str | None = None
+    # The caller hung up at its deadline on a request it had sent: vLLM counts it as finished_reason "abort".
+    cut: bool = False
 
 
 def completion_request(client: httpx.AsyncClient, base_url: str, model: str, prompt: str, max_tokens: int,
@@ -179,7 +181,7 @@ async def stream_completion(client: httpx.AsyncClient, base_url: str, model: str
                 return await _on_lean(lean, request, events, gather_seconds)
             return await _on_client(client, request, events)
     except TimeoutError:
-        return CompletionResult(False, events.ttft, f"no completion within {request_timeout:g}s")
+        return CompletionResult(False, events.ttft, f"no completion within {request_timeout:g}s", cut=True)
     except (httpx.HTTPError, ValueError) as exc:
         return CompletionResult(False, events.ttft, f"{type(exc).__name__}: {exc}"[:300])
 

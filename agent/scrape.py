@@ -17,7 +17,14 @@ from urllib.parse import urlencode
 
 import httpx
 
-from agent.engine_metrics import WANTED_NAMES, EngineSnapshot, MetricsParseError, engine_sample, parse_metrics
+from agent.engine_metrics import (
+    WANTED_NAMES,
+    EngineSnapshot,
+    MetricsParseError,
+    counter_delta,
+    engine_sample,
+    parse_metrics,
+)
 from agent.lean_client import lean_transport
 from agent.plain_http import BodyTooLarge, body_too_large, prepare, read_capped
 from agent.wire import EngineSample
@@ -71,8 +78,14 @@ class EngineScraper:
         self._last_body = b""
         self.previous: EngineSnapshot | None = None
         self.last: EngineSample | None = None
+        # The agent's own aborted canaries (``own_aborts``) already seen, and of those, how many the engine's
+        # error counter has not shown yet (``_own_errors``).
+        self._own_seen = 0
+        self._own_unmatched = 0.0
 
-    async def scrape(self) -> EngineSample:
+    async def scrape(self, own_aborts: int = 0) -> EngineSample:
+        """One reading of the engine. ``own_aborts``: how many canaries the agent has cut at their deadline so
+        far (a running count): the engine counts each as an aborted request, which is no user's error."""
         try:
             # The same request every time: built once (httpx's URL and header merging is a third of a GET).
             if self._request is None:
@@ -88,7 +101,8 @@ class EngineScraper:
             self.errors_total += 1
             self.last = EngineSample(scrape_error=scrape_error(exc))
             return self.last
-        sample = engine_sample(snap, self.previous, is_stalled(snap, self.previous))
+        own = self._own_errors(snap, own_aborts)
+        sample = engine_sample(snap, self.previous, is_stalled(snap, self.previous), own_errors=own)
         self.previous = snap
         self.last = sample
         return sample
@@ -110,8 +124,24 @@ class EngineScraper:
         finally:
             await response.aclose()
 
+    def _own_errors(self, snap: EngineSnapshot, own_aborts: int) -> float:
+        """How many of the errors the engine counted since the previous scrape were the agent's own canaries.
+
+        An abort reaches the engine's counter when the engine notices the closed connection: in the window the
+        agent cut the canary or in the next. So what the counter has not shown by then is carried one window
+        and no further: a canary the engine never took (a frozen API server) must not hide a user's error later.
+        """
+        new = max(0, own_aborts - self._own_seen)
+        self._own_seen = own_aborts
+        delta = counter_delta("errors", snap, self.previous) or 0.0
+        owed = self._own_unmatched + new
+        matched = min(delta, owed)
+        self._own_unmatched = min(float(new), owed - matched)
+        return matched
+
     def forget(self) -> None:
         """Drop the previous snapshot (the engine was restarted on purpose)."""
         self.previous = None
         self._last_body = b""
         self.last = None
+        self._own_unmatched = 0.0

@@ -73,6 +73,7 @@ class ReplicaSupervisor:
         self.process: ProcessSample | None = None
         self.canary_ttft: float | None = None
         self.canary_ok: bool | None = None
+        self.canary_aborts_total = 0  # canaries cut at their deadline: aborted requests in vLLM's counter
         self.warmup_ttfts: list[float] = []
         self._backoff_until = 0.0
         self._wake = asyncio.Event()
@@ -152,6 +153,7 @@ class ReplicaSupervisor:
             engine_args=self.args, restarts_total=self.restarts_total, state_since=self.machine.since,
             last_exit_code=self.last_exit_code, log_tail=self.log_tail[-200:], engine=self.engine,
             process=self.process, canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok,
+            canary_aborts_total=self.canary_aborts_total,
             requests_in_flight_at_wedge=self.in_flight_at_wedge if self.state == S.WEDGED else None)
 
     # ---- the task ---------------------------------------------------------------------------------------

@@ -83,13 +83,27 @@ def test_a_canary_that_is_accepted_and_never_answered_fails_at_its_deadline() ->
     def handler(_request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, stream=Silent(), headers={"content-type": "text/event-stream"})
 
-    async def run() -> tuple[bool, str | None, float]:
+    async def run() -> tuple[bool, str | None, float, bool]:
         loop = asyncio.get_running_loop()
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
             started = loop.time()
             result = await stream_completion(client, "http://engine", "m", "ping", 4, 0.2, loop.time)
-            return result.ok, result.error, loop.time() - started
+            return result.ok, result.error, loop.time() - started, result.cut
 
-    ok, error, took = asyncio.run(run())
+    ok, error, took, cut = asyncio.run(run())
     assert not ok and error == "no completion within 0.2s"
     assert took < 5  # bounded by the deadline, not by the engine
+    assert cut  # the agent hung up on it: the engine counts an abort that is the agent's, not a user's
+
+
+def test_a_canary_the_engine_refuses_is_not_one_the_agent_cut() -> None:
+    def handler(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, text="overloaded")
+
+    async def run() -> tuple[bool, bool]:
+        loop = asyncio.get_running_loop()
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            result = await stream_completion(client, "http://engine", "m", "ping", 4, 5.0, loop.time)
+            return result.ok, result.cut
+
+    assert asyncio.run(run()) == (False, False)

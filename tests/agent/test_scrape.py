@@ -63,6 +63,28 @@ def test_timeout_and_garbage_become_scrape_errors_and_are_counted() -> None:
     assert scraper.errors_total == 2
 
 
+def test_the_agents_own_aborted_canaries_are_no_users_errors_and_a_credit_lasts_one_window() -> None:
+    # Scrapes 5 s apart. The engine counts an abort when it notices the closed connection: in the window the
+    # agent cut its canary, or the next. One it never counts (a frozen API server never read the request) must
+    # not hide a user's error later.
+    clock = Clock()
+    aborts = [0, 2, 5, 5, 6, 6, 6, 7]  # the engine's finished_reason="abort" counter at each scrape
+    scraper = scraper_for([render(success={"stop": 100, "abort": a}) for a in aborts], clock)
+
+    def errors(own: int) -> float | None:
+        clock.t += 5.0
+        return asyncio.run(scraper.scrape(own_aborts=own)).errors_per_second
+
+    assert errors(0) is None  # the first reading has no window
+    assert errors(2) == 0.0  # both aborts of the window were the agent's canaries
+    assert errors(3) == pytest.approx(2 / 5)  # 3 new aborts, 1 of them a canary: 2 users' errors
+    assert errors(4) == 0.0  # a canary cut that the engine has not counted yet ...
+    assert errors(4) == 0.0  # ... is left out of the next window, where it shows
+    assert errors(5) == 0.0  # a canary the engine never counts ...
+    assert errors(5) == 0.0
+    assert errors(5) == pytest.approx(1 / 5)  # ... is carried one window, not forever: a user's abort shows
+
+
 def test_http_error_status_is_a_scrape_error() -> None:
     client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(500, text="engine dead")))
     sample = asyncio.run(EngineScraper(client, "http://e", "m", lambda: 0.0).scrape())

@@ -103,6 +103,16 @@ def test_fault_timeline_is_detected_and_acted_on_without_failing_a_request(tmp_p
             return all(expected in done for expected in EXPECTED.values())
 
         wait_until(handled, 300, interval=2, what="every fault handled")
+        # The surge made the agent cut canaries at their deadline, which vLLM counts as aborted requests: they
+        # are the agent's own, so no replica shows a user's error while no client request failed (the error-rate
+        # policy, the console and the exported ratio all read errors_per_second).
+        metrics = probe.get(urls["agent_metrics"], timeout=5).text
+        cut = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith("pitstop_canary_aborts_total{"))
+        errors = {f"{r['node']}/{r['name']}": [s["values"].get("errors_per_second") for s in _api(
+            urls, f"/v1/replicas/{r['node']}/{r['name']}/samples?limit=10000")] for r in _api(urls, "/v1/replicas")}
+    assert cut > 0, metrics
+    assert all(not any(e or 0 for e in series) for series in errors.values()), errors
     out = (tmp_path / "demo.out").read_text()
     assert "Demo overlay" in out and "Timeline" in out, out
     timeline = _timeline(tmp_path)

@@ -85,6 +85,9 @@ def test_promtool_unit_tests_pass() -> None:
      "TTFTSLOBurnRate"),
     # The miss ratio read at another bucket.
     ('le="0.5"', 'le="1.0"', "burn.yml", "TTFTSLOBurnRate"),
+    # The agent's aborted canaries counted as users' errors again.
+    ("- (sum by (model) (rate(pitstop_canary_aborts_total[5m]))", "- (0 * sum by (model) "
+     "(rate(pitstop_canary_aborts_total[5m]))", "slo.yml", "HighErrorRate"),
     # Every throttle reason counted, the power cap included.
     ('pitstop_gpu_throttle_reason{fault="true"}', "pitstop_gpu_throttle_reason", "gpus.yml", "GPUThrottled"),
 ])
