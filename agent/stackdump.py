@@ -6,6 +6,13 @@ generation that asks for it (``ReplicaSpec.capture_stack``), it runs ``py-spy du
 engine's process tree (vLLM's work runs in the ``VLLM::EngineCore`` child) under a hard timeout: the restart
 is never delayed longer than that, and a failure (py-spy missing, ptrace refused) is itself the result.
 
+py-spy suspends the process for a consistent snapshot (ptrace), and that fails on a process already stopped (a
+frozen API server under SIGSTOP: "Failed to suspend process", waitpid reports the stop it did not cause). Then
+the dump is taken again with ``--nonblocking``, which reads the memory of the running (or stopped) process
+without suspending it: its stacks may be torn mid-update, and the note says they were read that way. Where
+both fail (an unknown Python build, a process gone half-way), what the kernel knows is kept instead
+(``kernel_stacks``): each thread's state, wait channel and, where readable (root), kernel stack, from /proc.
+
 The dump travels as a ``ReplicaEvent`` message, capped at 4,000 characters; ``condense`` keeps every process
 and thread header and the top (innermost) frames of each thread, which is where a wedge shows.
 """
@@ -22,6 +29,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Protocol
+
+import psutil
 
 MESSAGE_LIMIT = 4000  # ReplicaEvent.message's max_length
 DEFAULT_TIMEOUT = 10.0
@@ -128,27 +137,105 @@ class StackDumper:
     async def dump(self, pid: int) -> StackDump:
         """Dump ``pid`` and its children; never raises, never takes much longer than ``timeout``."""
         if self.py_spy is None:
-            return StackDump(f"no stack dump: py-spy not installed on node {self.node}")
+            return self._kernel(pid, f"py-spy not installed on node {self.node}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        try:
-            if self._version is None:
-                version = await self.runner([self.py_spy, "--version"], min(2.0, self.timeout))
-                self._version = version.stdout.strip() or "py-spy"
-            left = max(0.1, deadline - loop.time())
-            result = await self.runner([self.py_spy, "dump", "--pid", str(pid), "--subprocesses"], left)
-        except TimeoutError:
-            return StackDump(f"no stack dump: py-spy gave no dump of pid {pid} within {self.timeout:g}s "
-                             f"on node {self.node}")
-        except OSError as exc:  # vanished or not executable since it was found
-            return StackDump(f"no stack dump: cannot run {self.py_spy} on node {self.node}: {exc}")
-        if result.returncode != 0 or not result.stdout.strip():
-            error = _first_line(result.stderr) or f"exit code {result.returncode}"
-            hint = " (ptrace refused: run the agent as root or with CAP_SYS_PTRACE)" if _ptrace(result.stderr) else ""
-            return StackDump(f"no stack dump: py-spy failed on pid {pid} on node {self.node}: {error}{hint}")
+        failed: list[str] = []
+        for extra in ([], ["--nonblocking"]):
+            try:
+                if self._version is None:
+                    version = await self.runner([self.py_spy, "--version"], min(2.0, self.timeout))
+                    self._version = version.stdout.strip() or "py-spy"
+                left = deadline - loop.time()
+                if left <= 0.1:
+                    raise TimeoutError
+                result = await self.runner([self.py_spy, "dump", "--pid", str(pid), "--subprocesses", *extra], left)
+            except TimeoutError:
+                failed.append(f"py-spy gave no dump of pid {pid} within {self.timeout:g}s")
+                break
+            except OSError as exc:  # vanished or not executable since it was found
+                failed.append(f"cannot run {self.py_spy}: {exc}")
+                break
+            if result.returncode == 0 and result.stdout.strip():
+                at = self.wall().isoformat(timespec="seconds")
+                how = (f" without suspending it (--nonblocking: stacks may be torn), after: {failed[0]}"
+                       if extra else "")
+                return StackDump(f"captured by {self._version} at {at} from pid {pid} on node {self.node}{how}",
+                                 result.stdout.strip())
+            error = py_spy_error(result.stderr) or f"exit code {result.returncode}"
+            if _ptrace(result.stderr):  # not allowed to read it at all: reading without suspending fails too
+                failed.append(f"py-spy failed on pid {pid}: {error} (ptrace refused: run the agent as root or "
+                              "with CAP_SYS_PTRACE)")
+                break
+            failed.append(f"py-spy failed on pid {pid}: {error}")
+        return self._kernel(pid, "; then ".join(failed) + f" on node {self.node}")
+
+    def _kernel(self, pid: int, why: str) -> StackDump:
+        """No Python stacks: the kernel's view of the process tree instead, if there is one to read."""
+        text = kernel_stacks(pid)
+        if text is None:
+            return StackDump(f"no stack dump: {why}")
         at = self.wall().isoformat(timespec="seconds")
-        return StackDump(f"captured by {self._version} at {at} from pid {pid} on node {self.node}",
-                         result.stdout.strip())
+        return StackDump(f"no Python stacks ({why}); kernel view of pid {pid} at {at}: each thread's state, wait "
+                         "channel and kernel stack", text)
+
+
+def py_spy_error(stderr: str) -> str:
+    """py-spy's error and its causes on one line ("Error: A", "Caused by:", "0: B", "1: C" -> "A: B: C"), without
+    the backtrace that follows."""
+    parts: list[str] = []
+    for line in stderr.splitlines():
+        text = line.strip()
+        if not text or text == "Caused by:":
+            continue
+        if text.startswith("Stack backtrace"):
+            break
+        head, sep, rest = text.partition(": ")
+        if text.startswith("Error: "):
+            parts.append(text.removeprefix("Error: "))
+        elif sep and head.isdigit():
+            parts.append(rest)
+        elif not parts:
+            parts.append(text)
+    return ": ".join(parts)[:300]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:  # gone, or not ours to read (a kernel stack needs root)
+        return None
+
+
+def kernel_stacks(pid: int, proc_root: Path = Path("/proc")) -> str | None:
+    """Each thread of ``pid`` and its descendants as the kernel sees it: name, state, wait channel and kernel
+    stack (``/proc/<pid>/task/<tid>/stack``, root only), laid out as py-spy lays out a dump (a header per process
+    and thread, frames indented) so ``condense`` fits it the same way. None when ``pid`` is gone."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    blocks: list[str] = []
+    for proc in procs:
+        base = proc_root / str(proc.pid)
+        cmdline = (_read(base / "cmdline") or "").replace("\x00", " ").strip()
+        lines = [f"Process {proc.pid}: {cmdline or _read(base / 'comm') or '?'}"]
+        try:
+            tids = sorted(int(t.name) for t in (base / "task").iterdir())
+        except OSError:
+            continue
+        for tid in tids:
+            task = base / "task" / str(tid)
+            stat = _read(task / "stat") or ""
+            state = stat.rpartition(")")[2].split()[:1]  # the field after the name, which may hold spaces
+            wchan = _read(task / "wchan")
+            lines.append(f'Thread {tid} ({state[0] if state else "?"}, waiting in {wchan or "-"}): '
+                         f'"{_read(task / "comm") or "?"}"')
+            stack = _read(task / "stack")
+            lines += [f"{FRAME_INDENT}{frame.split('] ', 1)[-1]}" for frame in (stack or "").splitlines()]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) if blocks else None
 
 
 def _ptrace(stderr: str) -> bool:

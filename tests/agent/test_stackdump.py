@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -75,8 +76,64 @@ def test_a_refused_ptrace_says_what_to_do() -> None:
     refused = RunResult(1, "", "Error: Permission denied (os error 13)\n\nStack backtrace:\n 0: anyhow")
     note, text, _ = _dump(StackDumper("/opt/py-spy", "n1", runner=FakeRunner(refused), wall=lambda: AT))
     assert text is None
-    assert note == ("no stack dump: py-spy failed on pid 4242 on node n1: Error: Permission denied (os error 13) "
-                    "(ptrace refused: run the agent as root or with CAP_SYS_PTRACE)")
+    assert note == ("no stack dump: py-spy failed on pid 4242: Permission denied (os error 13) (ptrace refused: "
+                    "run the agent as root or with CAP_SYS_PTRACE) on node n1")
+
+
+# What py-spy 0.4 printed for a process under SIGSTOP (a frozen API server), recorded.
+SUSPEND_FAILED = """Error: Failed to get stack traces
+
+Caused by:
+    0: Failed to suspend process
+    1: unexpected waitpid result PtraceEvent(Pid(10833), SIGSTOP, 128) to 10833
+
+Stack backtrace:
+   0: <E as anyhow::context::ext::StdError>::ext_context
+   1: py_spy::python_spy::PythonSpy::get_stack_traces
+"""
+
+
+class SuspendFails(FakeRunner):
+    """py-spy as it answers for a stopped process: the suspending dump fails, the non-blocking one reads it."""
+
+    def __init__(self, nonblocking: RunResult | None = None) -> None:
+        super().__init__()
+        self.nonblocking = nonblocking or RunResult(0, DUMP, "")
+
+    async def __call__(self, argv: list[str], limit: float) -> RunResult:
+        self.calls.append((argv, limit))
+        if argv[1] == "--version":
+            return RunResult(0, "py-spy 0.4.3\n", "")
+        return self.nonblocking if "--nonblocking" in argv else RunResult(1, "", SUSPEND_FAILED)
+
+
+def test_a_process_that_cannot_be_suspended_is_read_without_suspending_it_and_the_note_says_so() -> None:
+    runner = SuspendFails()
+    note, text, _ = _dump(StackDumper("/opt/py-spy", "n1", runner=runner, timeout=10, wall=lambda: AT))
+    assert text is not None and "main (enginesim/cli.py:149)" in text
+    assert note.startswith("captured by py-spy 0.4.3 at 2026-11-29T12:00:00+00:00 from pid 4242 on node n1 without "
+                           "suspending it (--nonblocking: stacks may be torn)"), note
+    assert "Failed to get stack traces: Failed to suspend process: unexpected waitpid result" in note
+    assert [argv[-1] for argv, _ in runner.calls[1:]] == ["--subprocesses", "--nonblocking"]
+
+
+def test_with_no_python_stacks_at_all_the_kernel_view_of_every_thread_is_kept(
+        sleeper: subprocess.Popen[bytes]) -> None:
+    runner = SuspendFails(RunResult(1, "", "Error: Failed to find python version from target process\n"))
+    note, text, message = _dump(StackDumper("/opt/py-spy", "n1", runner=runner, wall=lambda: AT), sleeper.pid)
+    assert note.startswith("no Python stacks (py-spy failed on pid"), note
+    assert "Failed to suspend process" in note and "Failed to find python version" in note
+    assert text is not None
+    assert text.splitlines()[0].startswith(f"Process {sleeper.pid}: {sys.executable}")
+    # Every thread, its state and wait channel (a sleeping one: S, in a kernel wait); its kernel stack only
+    # where this user may read it.
+    assert f"Thread {sleeper.pid} (S, waiting in " in text, text
+    assert message.startswith(note)
+
+
+def test_py_spy_is_gone_and_the_process_too_leaves_only_the_reason() -> None:
+    note, text, _ = _dump(StackDumper(None, "n1", wall=lambda: AT), pid=2**22 + 1)
+    assert (note, text) == ("no stack dump: py-spy not installed on node n1", None)
 
 
 def test_condense_keeps_every_thread_and_its_top_frames_within_the_event_limit() -> None:
@@ -134,6 +191,14 @@ def test_real_py_spy_dumps_a_real_process_and_a_stuck_one_is_cut_off(sleeper: su
         pytest.skip(why)
     note, text, _ = _dump(StackDumper(PY_SPY, "n1", timeout=10, wall=lambda: AT), sleeper.pid)
     assert note.startswith("captured by py-spy "), note
+    assert text is not None and "wedged_engine_core (wedged.py:" in text
+    # Frozen (SIGSTOP, as a hung API server looks to py-spy): read without suspending it, the same frames.
+    sleeper.send_signal(signal.SIGSTOP)
+    try:
+        note, text, _ = _dump(StackDumper(PY_SPY, "n1", timeout=10, wall=lambda: AT), sleeper.pid)
+    finally:
+        sleeper.send_signal(signal.SIGCONT)
+    assert "without suspending it" in note and "Failed to suspend process" in note, note
     assert text is not None and "wedged_engine_core (wedged.py:" in text
     started = time.monotonic()
     with pytest.raises(TimeoutError):
