@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 import uvicorn
@@ -33,7 +34,11 @@ class AgentProcess:
         self.engine_pids: set[int] = set()
 
     def replicas(self) -> list[dict[str, Any]]:
-        return list(probe.get(f"{self.url}/v1/replicas", timeout=5).json())
+        try:
+            return list(probe.get(f"{self.url}/v1/replicas", timeout=5).json())
+        except httpx.TimeoutException as exc:  # the agent's loop held up: what it was doing is in its log
+            raise AssertionError(f"the agent did not answer GET /v1/replicas within 5 s ({exc!r}); "
+                                 f"alive: {self.proc.poll() is None}\n{self.output()}") from exc
 
     def replica(self, name: str) -> dict[str, Any]:
         found = next(r for r in self.replicas() if r["name"] == name)
