@@ -83,5 +83,4 @@ class AttachedReplica:
             name=self.spec.name, model=self.spec.model, url=self.spec.base_url, state=self.state,
             ready=self.state == S.ATTACHED and not self.wedged, managed=False, gpus=self.spec.gpus,
             state_since=self.machine.since, engine=self.engine, process=self.process,
-            canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok,
-            canary_aborts_total=self.canary_aborts_total)
+            canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok)

@@ -79,6 +79,9 @@ class ExportState:
     gpus: list[GpuSample] = field(default_factory=list)
     replicas: list[ReplicaStatus] = field(default_factory=list)
     scrape_errors: dict[str, int] = field(default_factory=dict)
+    # Per replica: canaries the agent cut at their deadline (vLLM counts each as an aborted request). Exported
+    # for the rules to subtract; not in the reports (the agent's errors_per_second already leaves them out).
+    canary_aborts: dict[str, int] = field(default_factory=dict)
     cordoned: bool = False
     orphans: dict[int, int] = field(default_factory=dict)  # GPU index -> processes no replica started
     cordoned_gpus: list[int] = field(default_factory=list)
@@ -136,8 +139,6 @@ REPLICA_SERIES: tuple[tuple[str, str, str, ReplicaValue], ...] = (
      lambda r: _bool(r.engine.stalled) if r.engine is not None else None),
     ("pitstop_canary_ttft_seconds", "gauge", "TTFT of the last canary request.", lambda r: r.canary_ttft_seconds),
     ("pitstop_canary_ok", "gauge", "1 when the last canary completed in time.", lambda r: _bool(r.canary_ok)),
-    ("pitstop_canary_aborts", "counter", "Canaries the agent cut at their deadline (aborted requests in vLLM's "
-     "counter, no user's error).", lambda r: r.canary_aborts_total),
 )
 
 QUANTILE_SERIES: tuple[tuple[str, str, str], ...] = (
@@ -236,3 +237,8 @@ class AgentCollector(Collector):
         for r in state.replicas:
             errors.add_metric([state.node, r.name, r.model], float(state.scrape_errors.get(r.name, 0)))
         yield errors
+        aborts = CounterMetricFamily("pitstop_canary_aborts", "Canaries the agent cut at their deadline (aborted "
+                                     "requests in vLLM's counter, no user's error).", labels=labels)
+        for r in state.replicas:
+            aborts.add_metric([state.node, r.name, r.model], float(state.canary_aborts.get(r.name, 0)))
+        yield aborts

@@ -126,7 +126,8 @@ class Agent:
         return ExportState(node=self.node, gpus=list(self.gpus), replicas=self.statuses(), cordoned=self.cordoned,
                            cordoned_gpus=sorted(self.cordoned_gpus),
                            orphans=self.orphans.per_gpu(), xid_counts=self.xid_ledger.counts,
-                           scrape_errors={n: s.errors_total for n, s in self.scrapers.items()})
+                           scrape_errors={n: s.errors_total for n, s in self.scrapers.items()},
+                           canary_aborts={n: r.canary_aborts_total for n, r in self.replicas.items()})
 
     # ---- desired state ----------------------------------------------------------------------------------
     def apply_desired(self, desired: DesiredState) -> None:

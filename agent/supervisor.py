@@ -153,7 +153,6 @@ class ReplicaSupervisor:
             engine_args=self.args, restarts_total=self.restarts_total, state_since=self.machine.since,
             last_exit_code=self.last_exit_code, log_tail=self.log_tail[-200:], engine=self.engine,
             process=self.process, canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok,
-            canary_aborts_total=self.canary_aborts_total,
             requests_in_flight_at_wedge=self.in_flight_at_wedge if self.state == S.WEDGED else None)
 
     # ---- the task ---------------------------------------------------------------------------------------

@@ -224,11 +224,8 @@ class ReplicaStatus(_Grown):
     # While WEDGED: the requests it held when the agent took it out of rotation (client connections open to it,
     # or what its gauges said while it still made progress). They are lost with it; the restart's evidence.
     requests_in_flight_at_wedge: Count | None = None
-    # Canaries the agent cut at their deadline since it started: vLLM counts each as an aborted request, which
-    # ``engine.errors_per_second`` leaves out and the alert rules subtract (docs/design.md, "Metrics": errors).
-    canary_aborts_total: Count = 0
 
-    _added_fields = ("requests_in_flight_at_wedge", "canary_aborts_total")
+    _added_fields = ("requests_in_flight_at_wedge",)
 
 
 class ReplicaEvent(_Wire):

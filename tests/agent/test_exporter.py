@@ -25,7 +25,8 @@ def state() -> ExportState:
         canary_ttft_seconds=0.05, canary_ok=True)
     backing_off = ReplicaStatus(name="r2", model="qwen", url="http://127.0.0.1:8002", state=ReplicaState.BACKOFF,
                                 ready=False, state_since=NOW)
-    return ExportState(node="n1", gpus=[gpu], replicas=[ready, backing_off], scrape_errors={"r1": 0, "r2": 7})
+    return ExportState(node="n1", gpus=[gpu], replicas=[ready, backing_off], scrape_errors={"r1": 0, "r2": 7},
+                       canary_aborts={"r1": 2})
 
 
 def registry() -> CollectorRegistry:
@@ -54,6 +55,9 @@ def test_values_read_back_with_labels() -> None:
     assert reg.get_sample_value("pitstop_engine_generation_tokens_per_second", r1) == 123.0
     assert reg.get_sample_value("pitstop_engine_scrape_errors_total", r2) == 7
     assert reg.get_sample_value("pitstop_canary_ttft_seconds", r1) == 0.05
+    # The canaries it cut: a counter from 0 on every replica, so the rules' subtraction always has a series.
+    assert reg.get_sample_value("pitstop_canary_aborts_total", r1) == 2
+    assert reg.get_sample_value("pitstop_canary_aborts_total", r2) == 0
     # Unknown values are absent, not zero: a replica with no engine sample exports no engine gauges.
     assert reg.get_sample_value("pitstop_engine_requests_running", r2) is None
 
