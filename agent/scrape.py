@@ -79,7 +79,7 @@ class EngineScraper:
         self.previous: EngineSnapshot | None = None
         self.last: EngineSample | None = None
         # The agent's own aborted canaries (``own_aborts``) already seen, and of those, how many the engine's
-        # error counter has not shown yet (``_own_errors``).
+        # error counter has not shown yet (``_own_errors`` carries them one window).
         self._own_seen = 0
         self._own_unmatched = 0.0
 

@@ -115,13 +115,6 @@ def condense(text: str, limit: int = MESSAGE_LIMIT) -> str:
     return out[: limit - len(marker)] + marker
 
 
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()[:300]
-    return ""
-
-
 class StackDumper:
     """Takes dumps with one py-spy executable; its version is read once, with the first dump."""
 
@@ -207,7 +200,7 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def kernel_stacks(pid: int, proc_root: Path = Path("/proc")) -> str | None:
+def kernel_stacks(pid: int) -> str | None:
     """Each thread of ``pid`` and its descendants as the kernel sees it: name, state, wait channel and kernel
     stack (``/proc/<pid>/task/<tid>/stack``, root only), laid out as py-spy lays out a dump (a header per process
     and thread, frames indented) so ``condense`` fits it the same way. None when ``pid`` is gone."""
@@ -218,7 +211,7 @@ def kernel_stacks(pid: int, proc_root: Path = Path("/proc")) -> str | None:
         return None
     blocks: list[str] = []
     for proc in procs:
-        base = proc_root / str(proc.pid)
+        base = Path("/proc") / str(proc.pid)
         cmdline = (_read(base / "cmdline") or "").replace("\x00", " ").strip()
         lines = [f"Process {proc.pid}: {cmdline or _read(base / 'comm') or '?'}"]
         try:
