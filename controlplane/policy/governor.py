@@ -12,14 +12,17 @@ How far to lower (``step``):
 - ``proportional``: decode inter-token latency grows roughly linearly with the running batch (each step
   costs a fixed part plus a part per sequence, and the prefills that stall decode steps come from the
   sequences that finish), so from the breaching replica's measured latency ``L`` and its mean running batch
-  ``B`` over the condition's window, the batch predicted to meet ``threshold * headroom`` is
-  ``B * threshold * headroom / L``. ``L`` is the breach as it stands: the median of the readings beyond the
-  threshold in the last half of the window (a surge's first seconds, every stream prefilling at once,
-  overstate the steady level). The new value is the largest rung at or below the prediction, always at least
-  one rung below the current value and never below ``min``. The line through the origin overestimates how
-  much a smaller batch helps when the fixed part is large; ``headroom`` absorbs that, an undershoot is
-  recovered by the raise path, and a breach that remains is judged again from the new value. Without a
-  running batch reading it falls back to one rung.
+  ``B``, the batch predicted to meet ``threshold * headroom`` is ``B * threshold * headroom / L``. Both are
+  the breach as it stands, read over the last half of the condition's window: ``L`` the median of its
+  readings beyond the threshold, ``B`` its mean (a surge's first seconds, every stream prefilling at once
+  while more arrive, overstate the latency and understate the batch; a ``B`` from the whole window sized a
+  step to a batch the replica no longer ran, and its canary lost too much throughput). A breach with no
+  reading beyond the threshold in that half has passed (a surge as the load arrived): one rung, not a jump
+  sized on it. The new value is the
+  largest rung at or below the prediction, always at least one rung below the current value and never below
+  ``min``. The line through the origin overestimates how much a smaller batch helps when the fixed part is
+  large; ``headroom`` absorbs that, an undershoot is recovered by the raise path, and a breach that remains is
+  judged again from the new value. Without a running batch reading it falls back to one rung.
 
 What lowering costs is watched too: with ``max_throughput_drop`` set, a replica already below its peers whose
 generation throughput is more than that fraction below theirs is not lowered further (an alert says the SLO
@@ -83,19 +86,22 @@ def batch_target(samples: Sequence[ReplicaSample], signal: str, threshold: float
                  now: datetime, seconds: float) -> float | None:
     """The running batch predicted to bring ``signal`` to ``threshold * headroom`` (latency ~ batch).
 
-    The latency modelled is the breach as it stands: the median of the readings beyond the threshold in the
-    last half of the window (all of the window's when that half has none), since a surge's first seconds
-    (every stream prefilling at once) overstate the steady level; the batch is the mean running one over
-    the window. None when the samples carry no latency or running-batch reading to model from.
+    Latency and batch are read over the same stretch, the last half of the window, since a surge's first
+    seconds overstate the steady level (every stream prefilling at once) and understate the batch (the
+    streams still arriving): the latency modelled is the median of its readings beyond the threshold, the
+    batch its mean running one. None (one rung, not a jump) when that half holds no reading beyond the
+    threshold: the breach was a transient that has passed (a surge as the load arrived, and readings well under
+    the threshold since), and a step sized on it would overshoot. None too when the samples carry no latency
+    or running-batch reading to model from.
     """
-    pairs = [(s.at, float(v), float(s.requests_running)) for s in samples
-             if (v := getattr(s, signal)) is not None and s.requests_running is not None]
-    if not pairs:
-        return None
     half = now - timedelta(seconds=seconds / 2)
-    beyond = [v for at, v, _ in pairs if v > threshold and at >= half] or [v for _, v, _ in pairs if v > threshold]
-    latency = statistics.median(beyond or [v for _, v, _ in pairs])
-    batch = sum(b for _, _, b in pairs) / len(pairs)
+    late = [(float(v), float(s.requests_running)) for s in samples
+            if s.at >= half and (v := getattr(s, signal)) is not None and s.requests_running is not None]
+    beyond = [v for v, _ in late if v > threshold]
+    if not beyond:
+        return None
+    latency = statistics.median(beyond)
+    batch = sum(b for _, b in late) / len(late)
     if latency <= 0 or batch <= 0:
         return None
     return batch * threshold * headroom / latency

@@ -344,6 +344,35 @@ def test_a_surges_first_seconds_do_not_set_the_step():
     assert act.params["max_num_seqs"] == 48  # from the steady 300 ms: 60; from the surge's 700 ms it would be 16
 
 
+def test_a_surges_arriving_streams_do_not_set_the_step():
+    # The streams still arriving in the window's first half: 32 running, then the steady 128. The step is sized
+    # to the batch the replica runs now: from the window's mean (87) it would be 40 -> 32, and that canary lost
+    # more throughput than allowed and was rolled back.
+    def surge(t: float) -> float:
+        return 0.7 if t < 90 else (0.3 if t == 100 else 0.05)
+
+    def arriving(t: float) -> float:
+        return 32.0 if t < 90 else 128.0
+
+    snap = fleet(120, [rep(r, 256, healthy(120, itl_p99_seconds=surge, requests_running=arriving,
+                                           max_num_seqs=256)) for r in ("r1", "r2")])
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    assert act.params["max_num_seqs"] == 48  # 128 * 0.2 * 0.7 / 0.3 = 60
+
+
+def test_a_surge_that_has_passed_moves_one_rung_not_a_jump_sized_on_it():
+    # The load arrived at t=60 with every stream prefilling at once (700 ms), then well under the threshold: the
+    # condition's share holds on the surge alone. Sized on 700 ms the step would be 16 (that canary lost 60 % of
+    # its peers' throughput and was rolled back); one rung lets the steady breach, if any, size the next.
+    def surge(t: float) -> float:
+        return 0.7 if 60 <= t < 70 else 0.05
+
+    snap = fleet(120, [rep(r, 256, healthy(120, itl_p99_seconds=surge, requests_running=128.0, max_num_seqs=256))
+                       for r in ("r1", "r2")])
+    [act] = evaluate_policy(SHIPPED, snap, snap.now)
+    assert act.params["max_num_seqs"] == 192
+
+
 def test_a_canary_value_that_cost_too_much_throughput_is_not_promoted():
     # r2 meets the SLO at 16 but makes a third of r1's tokens: its judge rolls it back; never promote it.
     reps = [rep("r1", 256, breaching(256, 0, 600, running=128, generation_tokens_per_second=3000.0)),
