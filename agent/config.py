@@ -146,6 +146,10 @@ class AgentConfig(_Strict):
     control_plane_ca_file: Path | None = None
     control_plane_pin_sha256: str | None = None
     report_interval: float = Field(default=5.0, gt=0)
+    # While reports fail, a reading is still taken every report interval and kept, up to this long (the oldest
+    # dropped first, counted): sent once the control plane answers again, so a partition leaves no hole in the
+    # node's history (``agent.backlog``). 0: nothing kept.
+    report_backlog_seconds: float = Field(default=900.0, ge=0, le=86400)
     scrape_interval: float = Field(default=5.0, gt=0)
     # Process trees (RSS, CPU, threads, fds) at most this often: leaks grow over minutes (the leak policies want
     # 9 minutes of samples), and each sample reads several /proc files per process (four per vLLM engine), so

@@ -25,6 +25,13 @@ pitstop_gpu_throttle_reason            gauge      1 while the clocks-event ``rea
                                                   ``sw_power_cap`` (``agent.gpu.throttle``)
 pitstop_gpu_orphan_processes           gauge      processes with memory on the GPU that no replica started
 pitstop_node_cordoned                  gauge      1 while the control plane has cordoned the node
+pitstop_agent_backlog_readings         gauge      readings kept while the control plane was away, not yet sent
+pitstop_agent_backlog_kept_total       counter    readings ever kept (a report that failed, or one taken
+                                                  while the control plane was away)
+pitstop_agent_backlog_dropped_total    counter    kept readings given up, oldest first, past
+                                                  ``report_backlog_seconds`` (or its size bound): a hole
+pitstop_agent_backlog_refused_total    counter    sent readings (or their replicas' or GPUs' parts) the control
+                                                  plane refused, each with a reason in the agent's log
 pitstop_gpu_cordoned                   gauge      1 while the control plane has cordoned the GPU alone
 pitstop_replica_state                  gauge      1 for the replica's current state, 0 for the others
 pitstop_replica_ready                  gauge      1 when READY (or an attached engine answers)
@@ -86,6 +93,10 @@ class ExportState:
     orphans: dict[int, int] = field(default_factory=dict)  # GPU index -> processes no replica started
     cordoned_gpus: list[int] = field(default_factory=list)
     xid_counts: dict[int, dict[int, int]] = field(default_factory=dict)  # GPU index -> XID code -> events
+    backlog: int = 0  # readings kept for the control plane (``agent.backlog``)
+    backlog_kept: int = 0
+    backlog_dropped: int = 0
+    backlog_refused: int = 0
 
 
 GpuValue = Callable[[GpuSample], float | int | None]
@@ -168,6 +179,19 @@ class AgentCollector(Collector):
         cordoned = GaugeMetricFamily("pitstop_node_cordoned", "1 while the node is cordoned.", labels=["node"])
         cordoned.add_metric([state.node], float(state.cordoned))
         yield cordoned
+        backlog: tuple[tuple[type[GaugeMetricFamily] | type[CounterMetricFamily], str, str, int], ...] = (
+            (GaugeMetricFamily, "pitstop_agent_backlog_readings",
+             "Readings kept while the control plane was away, not yet sent.", state.backlog),
+            (CounterMetricFamily, "pitstop_agent_backlog_kept", "Readings ever kept for the control plane.",
+             state.backlog_kept),
+            (CounterMetricFamily, "pitstop_agent_backlog_dropped", "Kept readings given up, oldest first.",
+             state.backlog_dropped),
+            (CounterMetricFamily, "pitstop_agent_backlog_refused", "Sent readings the control plane refused.",
+             state.backlog_refused))
+        for kind, name, text, value in backlog:
+            family = kind(name, text, labels=["node"])
+            family.add_metric([state.node], float(value))
+            yield family
         build = GaugeMetricFamily("pitstop_build_info", "The agent's version and Python.",
                                   labels=["version", "python"])
         build.add_metric(BUILD_LABELS, 1.0)

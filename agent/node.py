@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from agent.api import EmbeddedServer, create_app, server_config
 from agent.attached import AttachedReplica
+from agent.backlog import Backlog
 from agent.canaries import Canaries
 from agent.config import AgentConfig
 from agent.desired import DesiredStore, plan_wants
@@ -95,6 +96,7 @@ class Agent:
         # Every XID code read, counted per code for /metrics and kept until a report delivers it.
         self.xid_ledger = XidLedger()
         self.sequence = 0
+        self.backlog = Backlog(self.node, config.report_backlog_seconds)
         self.desired_store = DesiredStore(self.state_dir)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AgentCollector(self.export_state))
@@ -127,7 +129,10 @@ class Agent:
                            cordoned_gpus=sorted(self.cordoned_gpus),
                            orphans=self.orphans.per_gpu(), xid_counts=self.xid_ledger.counts,
                            scrape_errors={n: s.errors_total for n, s in self.scrapers.items()},
-                           canary_aborts={n: r.canary_aborts_total for n, r in self.replicas.items()})
+                           canary_aborts={n: r.canary_aborts_total for n, r in self.replicas.items()},
+                           backlog=len(self.backlog), backlog_kept=self.backlog.kept_total,
+                           backlog_dropped=self.backlog.dropped_total,
+                           backlog_refused=self.backlog.refused_total)
 
     # ---- desired state ----------------------------------------------------------------------------------
     def apply_desired(self, desired: DesiredState) -> None:
@@ -266,6 +271,8 @@ class Agent:
         except ReportError as exc:
             self._requeue(report, refused=exc.refused_content)
             self.sequence = exc.sequence_past(self.sequence)  # a 409: the next report numbered past the control plane's
+            if exc.status != 422:  # refused for its clock or content, its readings would be refused again
+                self.backlog.keep_report(report)
             raise
         if desired != self._saved_desired:  # the same answer every second: write it once
             self.desired_store.save(desired)
@@ -280,21 +287,86 @@ class Agent:
         while self.reporter is not None and not stop.is_set():
             started = _loop_time()
             try:
-                desired = await self.report_once()
+                desired = await self._report_keeping(interval)
             except ReportError as exc:
                 if failures == 0 or exc.kind != failing:  # once per outage (and per cause), not once per attempt
-                    log.warning("%s; supervising on the last desired state", exc.summary)
+                    log.warning("%s; supervising on the last desired state%s", exc.summary,
+                                "; keeping a reading every report interval to send when it answers"
+                                if self.backlog.enabled and exc.status != 422 else "")
                     failing = exc.kind
                 failures += 1
-                await _wait(stop, report_wait(failures, interval, exc.retry_after, self._rng))
+                retry_at = _loop_time() + report_wait(failures, interval, exc.retry_after, self._rng)
+                await self._keep_readings(stop, retry_at, interval, keep=exc.status != 422)
                 continue
             if failures:
                 log.info("control plane reachable again after %d failed reports", failures)
             failures, failing = 0, None
             interval = desired.report_interval_seconds or self.config.report_interval
+            if len(self.backlog) and not stop.is_set():
+                await self._send_backlog()
             # Due an interval after this report began, but never sooner than half an interval after a slow control
             # plane answered it: a struggling one is not sent reports back to back.
             await self._until_next_report(stop, max(started + interval, _loop_time() + interval / 2))
+
+    def _keep_reading(self) -> None:
+        """Take a reading into the backlog now; its events and XIDs wait for the next live report."""
+        report = self.build_report()
+        self._requeue(report)
+        self.backlog.keep_report(report)
+
+    async def _report_keeping(self, interval: float) -> DesiredState:
+        """``report_once``, taking a reading into the backlog every ``interval`` while it is in flight past one: a
+        black-holed link holds each attempt until its timeout (10 s), and a reading is due every interval."""
+        attempt = asyncio.ensure_future(self.report_once())
+        while True:
+            done, _ = await asyncio.wait({attempt}, timeout=interval)
+            if done:
+                return attempt.result()
+            if self.backlog.enabled:
+                self._keep_reading()
+
+    async def _keep_readings(self, stop: asyncio.Event, until: float, interval: float, keep: bool) -> None:
+        """Wait until ``until`` (the next attempt, a loop time), taking a reading into the backlog every report
+        interval meanwhile: a retry backing off to a minute must not thin the node's history to one a minute."""
+        while not stop.is_set():
+            due = _loop_time() + interval
+            if not keep or not self.backlog.enabled or due >= until:
+                await _wait(stop, max(0.0, until - _loop_time()))
+                return
+            await self._until_next_report(stop, due)
+            if not stop.is_set():
+                self._keep_reading()
+
+    async def _send_backlog(self) -> None:
+        """Send the oldest kept readings, one batch (a minute of them at 1 s), after a delivered live report: a
+        control plane back from an outage gets every agent's live report first, and the past at most one batch
+        per agent per interval after it."""
+        assert self.reporter is not None
+        batch = self.backlog.batch()
+        if batch is None:
+            return
+        count, body = batch
+        try:
+            answer = await self.reporter.send_readings(body)
+        except ReportError as exc:
+            if exc.status in (404, 405):  # a control plane that predates them: it never will
+                log.warning("control plane does not take kept readings (%s): %d dropped", exc.summary,
+                            self.backlog.clear())
+            elif exc.status in (413, 422):  # it cannot take this batch: the same bytes fail again
+                self.backlog.drop(count)
+                log.warning("control plane refused %d kept reading(s) (%s): dropped", count, exc.summary)
+            else:
+                log.info("kept readings not sent yet (%s); trying again after the next report", exc.summary)
+            return
+        self.backlog.delivered(count)
+        self.backlog.refused_total += len(answer.refused)
+        log.info("sent %d reading(s) kept while the control plane was away: %d stored, %d held already; %d still "
+                 "kept", count, answer.stored, answer.duplicates, len(self.backlog))
+        if answer.refused:
+            first = answer.refused[0]
+            log.warning("control plane refused %d part(s) of the kept readings; the first, reading %d (%s)%s: %s",
+                        len(answer.refused), first.sequence, first.sent_at.isoformat(),
+                        f" for {first.subject}" if first.subject else "", first.reason)
 
     async def _until_next_report(self, stop: asyncio.Event, due: float) -> None:
         """Wait until ``due`` (a loop time), to the end of the collector's pass nearest it: the report then carries

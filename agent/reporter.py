@@ -19,7 +19,7 @@ import httpx
 from pydantic import ValidationError
 
 from agent.retry import RETRY_CAP_SECONDS, next_attempt_in, report_retry_delay, retry_after_seconds
-from agent.wire import INT64_MAX, DesiredState, NodeReport, OutOfOrder
+from agent.wire import INT64_MAX, DesiredState, NodeReport, OutOfOrder, ReadingsAnswer
 
 __all__ = ["RETRY_CAP_SECONDS", "ReportError", "Reporter", "next_attempt_in", "report_retry_delay",
            "retry_after_seconds", "settled"]
@@ -165,12 +165,30 @@ class Reporter:
         self.control_plane = control_plane.rstrip("/")
         self.node = node
         self.url = f"{self.control_plane}/v1/agents/{node}/report"
+        self.readings_url = f"{self.control_plane}/v1/agents/{node}/readings"
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.request_timeout = request_timeout
 
     async def send(self, report: NodeReport) -> DesiredState:
+        response = await self._post(self.url, settled(report).model_dump_json().encode())
         try:
-            response = await self.client.post(self.url, content=settled(report).model_dump_json(), headers={
+            return DesiredState.model_validate_json(response.content)
+        except ValidationError as exc:
+            message = f"unusable desired state from {self.url}: {exc}"
+            raise ReportError(message, summary=f"control plane {self.control_plane} answered with an unusable "
+                                               f"desired state ({message})") from exc
+
+    async def send_readings(self, body: bytes) -> ReadingsAnswer:
+        """A ``Readings`` batch (``agent.backlog``); the control plane's account of each reading."""
+        response = await self._post(self.readings_url, body)
+        try:
+            return ReadingsAnswer.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise ReportError(f"unusable answer to readings from {self.readings_url}: {exc}") from exc
+
+    async def _post(self, url: str, body: bytes) -> httpx.Response:
+        try:
+            response = await self.client.post(url, content=body, headers={
                 **self.headers, "Content-Type": "application/json"}, timeout=self.request_timeout)
         except httpx.HTTPError as exc:
             raise ReportError(f"{type(exc).__name__}: {exc}") from exc
@@ -181,11 +199,6 @@ class Reporter:
             detail = _detail(response)
             summary = refusal_summary(code, detail, response.text, control_plane=self.control_plane,
                                       node=self.node, has_token=bool(self.headers), retry_after=retry_after)
-            raise ReportError(f"HTTP {code} from {self.url}: {response.text[:300]}", retry_after, code,
+            raise ReportError(f"HTTP {code} from {url}: {response.text[:300]}", retry_after, code,
                               detail=detail, summary=summary)
-        try:
-            return DesiredState.model_validate_json(response.content)
-        except ValidationError as exc:
-            message = f"unusable desired state from {self.url}: {exc}"
-            raise ReportError(message, summary=f"control plane {self.control_plane} answered with an unusable "
-                                               f"desired state ({message})") from exc
+        return response

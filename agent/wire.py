@@ -257,6 +257,43 @@ class NodeReport(_Wire):
     events: list[ReplicaEvent] = Field(default_factory=list, max_length=1000)
 
 
+# Readings one ``Readings`` batch carries at most: a minute of reports at 1 s, about 300 KiB for 8 replicas.
+MAX_READINGS_PER_BATCH = 60
+
+
+class Readings(_Wire):
+    """What an agent took but could not deliver (its reports while the control plane was away), oldest first:
+    ``POST /v1/agents/{node}/readings`` once it answers again. Stored in place as history (samples at each
+    reading's ``sent_at``); a reading never moves the node's or a replica's latest state, and its events and XIDs
+    travel with the next live report instead (the agent keeps those until delivered)."""
+
+    protocol_version: int = Field(ge=1, le=INT32_MAX, strict=True)
+    node: str = Field(pattern=NAME_PATTERN)
+    readings: list[NodeReport] = Field(max_length=MAX_READINGS_PER_BATCH)
+
+
+class RefusedReading(BaseModel):
+    """One reading, or one replica's or GPU's part of it, the control plane did not store, and why."""
+
+    # Read by agents, so lenient: a newer control plane may say more.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    sequence: int
+    sent_at: datetime
+    subject: str | None = None  # "replica <name>" or "gpu <index>"; None: the whole reading
+    reason: str
+
+
+class ReadingsAnswer(BaseModel):
+    """The control plane's answer to ``Readings``: each reading stored, already held, or refused with its reason."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    stored: int = 0  # readings of which at least one sample was stored
+    duplicates: int = 0  # readings already held (sent before, the answer lost): stored once
+    refused: list[RefusedReading] = Field(default_factory=list)
+
+
 class ReplicaSpec(_Grown):
     """Desired state of one replica: the engine arguments to run and the generation they belong to."""
 

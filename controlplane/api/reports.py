@@ -7,14 +7,18 @@ field) for replicas on GPUs it does not list and for timestamps too far from thi
 (``agent.wire.gpu_problems``, ``clock_problems``); nothing of a refused report is stored. A report dropped as
 out of order is answered 409 with the sequence this control plane holds (``agent.wire.OutOfOrder``), so the agent
 knows and numbers its next report past it.
+
+``POST /v1/agents/{node}/readings``: the reports an agent could not deliver while this control plane was away,
+once it answers again, stored in place as history reading by reading (``controlplane.fleet.backfill``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from pydantic import BaseModel, ValidationError
@@ -25,21 +29,29 @@ from agent.wire import (
     DesiredState,
     NodeReport,
     OutOfOrder,
+    Readings,
+    ReadingsAnswer,
     clock_problems,
     gpu_problems,
 )
 from controlplane.api.auth import AuthError
 from controlplane.api.bodies import Rejected, read_body
-from controlplane.api.context import get_context
+from controlplane.api.context import AppContext, get_context
+from controlplane.fleet.backfill import store_readings
 from controlplane.fleet.sequencing import Verdict
 from controlplane.fleet.writer import Backlogged, Written
 from controlplane.security.roles import ON_BEHALF_OF_HEADER, Role
+from controlplane.store.db import session_scope
 
 SUPPORTED_PROTOCOL_VERSIONS = frozenset({PROTOCOL_VERSION})
+# A batch of undelivered readings may be this many times ``max_report_bytes`` (the agent keeps its batches to
+# ``agent.backlog.BATCH_BYTES``).
+READINGS_BYTES_FACTOR = 4
 # What a busy control plane asks agents to wait before retrying: about one report interval.
 BACKLOG_RETRY_AFTER_SECONDS = 5
 
 router = APIRouter(tags=["agents"])
+T = TypeVar("T")
 
 
 class Dropped(BaseModel):
@@ -48,7 +60,7 @@ class Dropped(BaseModel):
     detail: OutOfOrder
 
 
-def _parse(body: bytes, node: str, now: datetime, max_clock_skew: timedelta) -> NodeReport:
+def _json(body: bytes) -> Any:
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -61,6 +73,11 @@ def _parse(body: bytes, node: str, now: datetime, max_clock_skew: timedelta) -> 
             supported = ", ".join(str(v) for v in sorted(SUPPORTED_PROTOCOL_VERSIONS))
             raise Rejected(status.HTTP_400_BAD_REQUEST, "protocol_version",
                            f"unsupported protocol_version {version!r}; this control plane speaks {supported}")
+    return data
+
+
+def _parse(body: bytes, node: str, now: datetime, max_clock_skew: timedelta) -> NodeReport:
+    data = _json(body)
     try:
         report = NodeReport.model_validate(data)
     except ValidationError as exc:
@@ -78,6 +95,23 @@ def _parse(body: bytes, node: str, now: datetime, max_clock_skew: timedelta) -> 
     if problems := clock_problems(report, now, max_clock_skew):
         raise Rejected(422, "clock_skew", problems)
     return report
+
+
+async def _admit(ctx: AppContext, request: Request, node: str, limit: int, what: str,
+                 parse: Callable[[bytes], T]) -> T:
+    """An agent's post for ``node``: its token checked, its body read (413 past ``limit``) and parsed; each
+    refusal counted by reason."""
+    try:
+        # The on-behalf-of header is passed on to be refused: an agent never acts for anyone.
+        ctx.auth.require(request.headers.get("authorization"), Role.AGENT, node=node,
+                         on_behalf_of=request.headers.getlist(ON_BEHALF_OF_HEADER))
+        return parse(await read_body(request, limit, what))
+    except Rejected as exc:
+        ctx.telemetry.reject(exc.reason)
+        raise
+    except AuthError as exc:
+        ctx.telemetry.reject("unauthorized" if exc.status_code == 401 else "forbidden")
+        raise
 
 
 def _out_of_order(report: NodeReport, written: Written) -> HTTPException:
@@ -112,18 +146,9 @@ def _out_of_order(report: NodeReport, written: Written) -> HTTPException:
 )
 async def post_report(node: str, request: Request) -> Response:
     ctx = get_context(request)
-    try:
-        # The on-behalf-of header is passed on to be refused: an agent never acts for anyone.
-        ctx.auth.require(request.headers.get("authorization"), Role.AGENT, node=node,
-                         on_behalf_of=request.headers.getlist(ON_BEHALF_OF_HEADER))
-        body = await read_body(request, ctx.config.max_report_bytes, "report")
-        report = _parse(body, node, ctx.clock(), timedelta(seconds=ctx.config.max_clock_skew_seconds))
-    except Rejected as exc:
-        ctx.telemetry.reject(exc.reason)
-        raise
-    except AuthError as exc:
-        ctx.telemetry.reject("unauthorized" if exc.status_code == 401 else "forbidden")
-        raise
+    skew = timedelta(seconds=ctx.config.max_clock_skew_seconds)
+    report = await _admit(ctx, request, node, ctx.config.max_report_bytes, "report",
+                          lambda body: _parse(body, node, ctx.clock(), skew))
     # The report writer commits the reports that queue together in one transaction (see fleet/writer.py).
     try:
         written = ctx.reports.submit(report)
@@ -148,11 +173,61 @@ async def post_report(node: str, request: Request) -> Response:
     return Response(outcome.answer.model_dump_json(), media_type="application/json")
 
 
+def _parse_readings(body: bytes, node: str) -> Readings:
+    data = _json(body)
+    try:
+        batch = Readings.model_validate(data)
+    except ValidationError as exc:
+        raise Rejected(422, "malformed", json.loads(exc.json(include_url=False, include_input=False))) from exc
+    if batch.node != node or any(r.node != node for r in batch.readings):
+        raise Rejected(status.HTTP_400_BAD_REQUEST, "node_mismatch",
+                       f"readings of another node posted to the path of node {node!r}")
+    return batch
+
+
+@router.post(
+    "/v1/agents/{node}/readings",
+    response_model=ReadingsAnswer,
+    summary="Store a node's undelivered readings (its reports while the control plane was away) as history",
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/Readings"}}}}},
+    responses={400: {"description": "wrong node in path, or unsupported protocol version"},
+               401: {"description": "agent token missing"},
+               403: {"description": "not an agent token, or one bound to another node"},
+               413: {"description": "batch too large"},
+               422: {"description": "malformed batch; the detail names each field"},
+               503: {"description": "the database is unavailable; retry"}},
+)
+async def post_readings(node: str, request: Request) -> ReadingsAnswer:
+    """Each reading is stored in place (its samples at its ``sent_at``), already held, or refused with the reason
+    (``controlplane.fleet.backfill``); a refused one never fails the rest."""
+    ctx = get_context(request)
+    batch = await _admit(ctx, request, node, ctx.config.max_report_bytes * READINGS_BYTES_FACTOR, "readings",
+                         lambda body: _parse_readings(body, node))
+
+    def store() -> ReadingsAnswer:
+        with session_scope(ctx.sessions) as session:
+            return store_readings(
+                session=session, batch=batch, now=ctx.clock(),
+                full_resolution=timedelta(seconds=ctx.config.sample_full_resolution_seconds),
+                max_skew=timedelta(seconds=ctx.config.max_clock_skew_seconds))
+
+    try:
+        answer = await asyncio.to_thread(store)
+    except OperationalError as exc:
+        ctx.telemetry.reject("database_unavailable")
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the database is unavailable; retry later",
+                            headers={"Retry-After": str(BACKLOG_RETRY_AFTER_SECONDS)}) from exc
+    if answer.stored:
+        request.app.state.jobs.poke()  # the history behind the policies changed
+    return answer
+
+
 def register_schemas(openapi: dict[str, Any]) -> dict[str, Any]:
-    """Add ``NodeReport`` to the OpenAPI components, since the route reads its body by hand."""
-    schema = NodeReport.model_json_schema(ref_template="#/components/schemas/{model}")
-    defs = schema.pop("$defs", {})
+    """Add ``NodeReport`` and ``Readings`` to the OpenAPI components, since the routes read their bodies by hand."""
     components = openapi.setdefault("components", {}).setdefault("schemas", {})
-    components.update(defs)
-    components["NodeReport"] = schema
+    for model in (NodeReport, Readings):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(schema.pop("$defs", {}))
+        components[model.__name__] = schema
     return openapi

@@ -138,7 +138,8 @@ def test_the_report_loop_logs_each_cause_once_per_outage(tmp_path: Path, caplog:
     said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "agent.node"]
     assert [level for level, _ in said] == ["WARNING", "WARNING", "INFO"], said
     assert said[0][1].startswith(f"control plane {CP} refused this agent's token (HTTP 403")
-    assert said[0][1].endswith("; supervising on the last desired state")
+    assert said[0][1].endswith("; supervising on the last desired state; keeping a reading every report interval to "
+                               "send when it answers")
     assert said[1][1].startswith("control plane unreachable (ConnectError: refused)")
     assert said[2][1] == "control plane reachable again after 5 failed reports"
 
