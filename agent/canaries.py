@@ -2,9 +2,18 @@
 
 A canary runs beside the collector, never inside it: one to a wedged engine waits out its whole timeout, and
 awaited in the collection pass it would hold back the node's GPU readings and every other replica's scrape
-just when they matter. One is in flight per replica at most. A failed canary with no generation token moving
-is confirmed by the next at once (``wedge_canaries`` in a row make the verdict), not an interval later:
-readiness must go off within seconds of a wedge (``agent/progress.py``).
+just when they matter. One round is in flight per replica at most.
+
+A round goes with the replica's scrape, sent at the same moment: its "before" is the generation-token counter
+that scrape reads, so a canary never waits on a slow /metrics. A canary that fails without a token is confirmed
+by the next at once (``wedge_canaries`` in a row make the verdict), beside the counter read that judges the
+first: readiness goes off within seconds of a wedge (``agent/progress.py``), whichever vLLM process froze:
+
+- a frozen EngineCore: the API server answers /metrics at once and the counter stands still;
+- a frozen API server: nothing answers, neither the canaries nor the reads. When the read begun with the round
+  is still unanswered once its last canary failed (``wedge_canaries`` deadlines, 6 s at the defaults), the
+  counter is not waited for: the engine has answered nothing for that long, to users either. A busy API server
+  answers its /metrics within seconds and is judged on the counter as always.
 """
 
 from __future__ import annotations
@@ -17,8 +26,8 @@ import httpx
 
 from agent.attached import AttachedReplica
 from agent.config import AgentConfig
-from agent.probes import completion_request, generation_tokens, stream_completion
-from agent.progress import CanaryEvidence, Progress
+from agent.probes import CompletionResult, completion_request, generation_tokens, stream_completion
+from agent.progress import CanaryEvidence
 from agent.states import ReplicaState
 from agent.supervisor import ReplicaSupervisor
 
@@ -65,9 +74,10 @@ class Canaries:
         """Whether ``replica`` takes a canary now: it serves, and its last one has ended."""
         return replica.state in CANARY_STATES and replica.spec.name not in self.in_flight
 
-    def start(self, replica: Replica, before: float | None) -> None:
+    def start(self, replica: Replica, before: asyncio.Future[float | None] | float | None) -> None:
         """Send ``replica`` its canaries until a verdict, beside the caller. ``before``: the generation-token
-        counter as the scrape just read it (one /metrics read per engine per interval instead of two)."""
+        counter as the scrape sent with them reads it (a future: one /metrics read per engine per interval, and
+        none waited for before the canary goes), or read just now."""
         name = replica.spec.name
         self._scrapes_since[name] = 0
         task = asyncio.create_task(self._until_verdict(replica, before), name=f"canary-{name}")
@@ -81,23 +91,46 @@ class Canaries:
     def _done(self, name: str, _task: asyncio.Task[None]) -> None:
         self.in_flight.pop(name, None)
 
-    async def _until_verdict(self, replica: Replica, before: float | None) -> None:
-        for _ in range(self.config.wedge_canaries):
-            evidence = await self.one(replica, before)
-            before = evidence.tokens_after  # read just now: the next canary's "before"
-            if replica.state not in CANARY_STATES:
-                return  # left READY meanwhile (a restart, a drain): the verdict is about an engine that is going
-            if replica.canary_observed(evidence) is not Progress.SUSPECT:
-                return
+    def _read_timeout(self, replica: Replica) -> float:
+        return max(replica.spec.probe_timeout, self.config.canary_timeout)
 
-    async def one(self, replica: Replica, before: float | None = None) -> CanaryEvidence:
-        """One canary completion and the engine's generation-token counter read just before (unless ``before``
-        was read just now) and, when it fails, just after it."""
+    def _counter(self, replica: Replica) -> asyncio.Task[float | None]:
+        """The engine's generation-token counter, read now, beside whatever runs."""
+        return asyncio.create_task(generation_tokens(self.client, self.metrics_urls[replica.spec.name],
+                                                     replica.model_name, self._read_timeout(replica)))
+
+    async def _until_verdict(self, replica: Replica, before: asyncio.Future[float | None] | float | None) -> None:
+        first, before_read = (before, before) if isinstance(before, asyncio.Future) else (None, _done_with(before))
+        failed: list[tuple[CompletionResult, asyncio.Future[float | None], asyncio.Task[float | None]]] = []
+        try:
+            for _ in range(self.config.wedge_canaries):
+                result = await self.send(replica)
+                if replica.state not in CANARY_STATES:
+                    return  # left READY meanwhile (a restart, a drain): the verdict is about an engine that is going
+                if result.ok or result.ttft_seconds is not None:  # it answered, or streamed: progress either way
+                    replica.canary_observed(CanaryEvidence(ok=result.ok, streamed=True, error=result.error))
+                    return
+                after = self._counter(replica)  # the next canary's "before" too; it goes at once, beside this read
+                failed.append((result, before_read, after))
+                before_read = after
+            # As many canaries as a verdict needs failed without a token. An API server that has not answered even
+            # the read begun with the first of them is not waited on any longer.
+            silent = first is not None and not first.done()
+            for result, before_at, after_at in failed:
+                if silent:
+                    evidence = CanaryEvidence(ok=False, error=result.error, silent=True)
+                else:
+                    evidence = CanaryEvidence(ok=False, tokens_before=await before_at, tokens_after=await after_at,
+                                              error=result.error)
+                replica.canary_observed(evidence)
+            replica.progress.round_ended()
+        finally:
+            for _, _, after_at in failed:
+                after_at.cancel()
+
+    async def send(self, replica: Replica) -> CompletionResult:
+        """One canary completion; the replica's last canary figures and its count of cut ones updated."""
         client, name = self.client, replica.spec.name
-        url = self.metrics_urls[name]
-        timeout = max(replica.spec.probe_timeout, self.config.canary_timeout)
-        if before is None:
-            before = await generation_tokens(client, url, replica.model_name, timeout)
         model, request = self._requests.get(name, (None, None))
         if request is None or model != replica.model_name:
             request = completion_request(client, replica.spec.base_url, replica.model_name, CANARY_PROMPT,
@@ -109,8 +142,12 @@ class Canaries:
         replica.canary_ok, replica.canary_ttft = result.ok, result.ttft_seconds
         if result.cut:
             replica.canary_aborts_total += 1  # the agent's own abort, never a user's error (``agent.scrape``)
-        if result.ok:
-            return CanaryEvidence(ok=True)
-        after = await generation_tokens(client, url, replica.model_name, timeout)
-        replica.machine.note("canary", f"canary failed: {result.error}")
-        return CanaryEvidence(ok=False, tokens_before=before, tokens_after=after, error=result.error)
+        if not result.ok:
+            replica.machine.note("canary", f"canary failed: {result.error}")
+        return result
+
+
+def _done_with(value: float | None) -> asyncio.Future[float | None]:
+    future: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
+    future.set_result(value)
+    return future

@@ -28,6 +28,8 @@ pitstop_node_cordoned                  gauge      1 while the control plane has 
 pitstop_agent_backlog_readings         gauge      readings kept while the control plane was away, not yet sent
 pitstop_agent_backlog_kept_total       counter    readings ever kept (a report that failed, or one taken
                                                   while the control plane was away)
+pitstop_agent_backlog_sent_total       counter    kept readings the control plane answered for (stored, held
+                                                  already, or refused)
 pitstop_agent_backlog_dropped_total    counter    kept readings given up, oldest first, past
                                                   ``report_backlog_seconds`` (or its size bound): a hole
 pitstop_agent_backlog_refused_total    counter    sent readings (or their replicas' or GPUs' parts) the control
@@ -95,6 +97,7 @@ class ExportState:
     xid_counts: dict[int, dict[int, int]] = field(default_factory=dict)  # GPU index -> XID code -> events
     backlog: int = 0  # readings kept for the control plane (``agent.backlog``)
     backlog_kept: int = 0
+    backlog_sent: int = 0
     backlog_dropped: int = 0
     backlog_refused: int = 0
 
@@ -184,6 +187,8 @@ class AgentCollector(Collector):
              "Readings kept while the control plane was away, not yet sent.", state.backlog),
             (CounterMetricFamily, "pitstop_agent_backlog_kept", "Readings ever kept for the control plane.",
              state.backlog_kept),
+            (CounterMetricFamily, "pitstop_agent_backlog_sent", "Kept readings the control plane answered for.",
+             state.backlog_sent),
             (CounterMetricFamily, "pitstop_agent_backlog_dropped", "Kept readings given up, oldest first.",
              state.backlog_dropped),
             (CounterMetricFamily, "pitstop_agent_backlog_refused", "Sent readings the control plane refused.",

@@ -97,6 +97,7 @@ class Agent:
         self.xid_ledger = XidLedger()
         self.sequence = 0
         self.backlog = Backlog(self.node, config.report_backlog_seconds)
+        self._outage = False  # a report failed since the backlog was last empty
         self.desired_store = DesiredStore(self.state_dir)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AgentCollector(self.export_state))
@@ -115,6 +116,9 @@ class Agent:
         # Retry jitter: seeded per agent so a fleet restarted at once does not retry in step.
         self._rng = random.Random()
         self._pass_done = asyncio.Event()  # set at the end of every collection pass
+        # Each replica's reading in flight: one engine that does not answer (a frozen API server holds its scrape
+        # to the timeout) never holds back another's, nor the pass, and is never read twice at once.
+        self._collecting: dict[str, asyncio.Task[None]] = {}
 
     # ---- views ------------------------------------------------------------------------------------------
     def statuses(self) -> list[ReplicaStatus]:
@@ -131,6 +135,7 @@ class Agent:
                            scrape_errors={n: s.errors_total for n, s in self.scrapers.items()},
                            canary_aborts={n: r.canary_aborts_total for n, r in self.replicas.items()},
                            backlog=len(self.backlog), backlog_kept=self.backlog.kept_total,
+                           backlog_sent=self.backlog.sent_total,
                            backlog_dropped=self.backlog.dropped_total,
                            backlog_refused=self.backlog.refused_total)
 
@@ -161,8 +166,23 @@ class Agent:
         self.gpus = reading.gpus
         for gpu in reading.gpus:
             self.xid_ledger.observe(gpu.index, gpu.xids)
-        await asyncio.gather(*(self._collect_replica(n, r, reading.process_memory, self.canaries.due(n))
-                               for n, r in self.replicas.items()))
+        started = []
+        for name, replica in self.replicas.items():
+            running = self._collecting.get(name)
+            if running is not None:
+                if not running.done():
+                    continue  # still reading this engine from an earlier pass: its figures land when it answers
+                running.result()  # a reading that raised fails the pass, as it would have in it
+            task = asyncio.create_task(self._collect_replica(name, replica, reading.process_memory,
+                                                             self.canaries.due(name)), name=f"collect-{name}")
+            self._collecting[name] = task
+            started.append(task)
+        if started:
+            # The pass (and the report that follows it) waits for the engines that answer: half an interval at
+            # most, then it goes on with the others' fresh figures and the slow one's last.
+            done, _ = await asyncio.wait(started, timeout=self.config.scrape_interval / 2)
+            for task in done:
+                task.result()
         now = _loop_time()
         if self._orphans_checked_at is None or now - self._orphans_checked_at >= self.config.orphan_check_interval:
             self._orphans_checked_at = now
@@ -192,15 +212,28 @@ class Agent:
     async def _collect_replica(self, name: str, replica: Replica, gpu_memory: dict[int, int],
                                canary: bool) -> None:
         scraper = self.scrapers[name]
-        if replica.state in SCRAPE_STATES:
-            was_stalled = scraper.last.stalled if scraper.last is not None else None
-            replica.engine = await scraper.scrape(own_aborts=replica.canary_aborts_total)
-            replica.progress.engine_scraped(replica.engine)  # what a wedge would take with it
-            if replica.engine.stalled and not was_stalled:
-                replica.machine.note("stall", "requests queued or running, generation tokens not moving")
-        else:
-            scraper.forget()
-            replica.engine = None
+        # The canary goes with the scrape, not after it: its "before" is the counter the scrape reads, and a
+        # frozen API server, which holds the scrape to its timeout, must not hold the canary too.
+        before: asyncio.Future[float | None] | None = None
+        if canary and self.canaries.wanted(replica):
+            if replica.state in SCRAPE_STATES:
+                before = asyncio.get_running_loop().create_future()
+            self.canaries.start(replica, before)
+        try:
+            if replica.state in SCRAPE_STATES:
+                was_stalled = scraper.last.stalled if scraper.last is not None else None
+                replica.engine = engine = await scraper.scrape(own_aborts=replica.canary_aborts_total)
+                if before is not None:
+                    before.set_result(engine.generation_tokens_total if engine.scrape_error is None else None)
+                replica.progress.engine_scraped(engine)  # what a wedge would take with it
+                if engine.stalled and not was_stalled:
+                    replica.machine.note("stall", "requests queued or running, generation tokens not moving")
+            else:
+                scraper.forget()
+                replica.engine = None
+        finally:
+            if before is not None and not before.done():
+                before.set_result(None)  # the reading was abandoned (the agent stopping)
         if not replica.managed:
             replica.process = None
         elif replica.pid != self._sampled_pid.get(name) or _loop_time() >= self._process_due.get(name, 0.0):
@@ -208,11 +241,6 @@ class Agent:
             replica.process = self.samplers[name].sample(replica.pid, gpu_memory)
             self._sampled_pid[name] = replica.pid
             self._process_due[name] = _loop_time() + self.config.process_interval
-        if canary and self.canaries.wanted(replica):
-            # The scrape just read the generation-token counter: that is the canary's "before".
-            engine = replica.engine if replica.state in SCRAPE_STATES else None
-            before = engine.generation_tokens_total if engine is not None and engine.scrape_error is None else None
-            self.canaries.start(replica, before)
 
     async def _collect_loop(self, stop: asyncio.Event) -> None:
         # On the ticks of the interval (agent.ticks): the same wakeup as every engine's log check at the defaults,
@@ -224,6 +252,8 @@ class Agent:
                 await _wait(stop, until_tick(_loop_time(), self.config.scrape_interval))
         finally:
             self._pass_done.set()  # no more passes: a reporter waiting for one goes on at once
+            for task in self._collecting.values():
+                task.cancel()
 
     # ---- reporting --------------------------------------------------------------------------------------
     def build_report(self) -> NodeReport:
@@ -295,6 +325,7 @@ class Agent:
                                 if self.backlog.enabled and exc.status != 422 else "")
                     failing = exc.kind
                 failures += 1
+                self._outage = True
                 retry_at = _loop_time() + report_wait(failures, interval, exc.retry_after, self._rng)
                 await self._keep_readings(stop, retry_at, interval, keep=exc.status != 422)
                 continue
@@ -360,8 +391,12 @@ class Agent:
             return
         self.backlog.delivered(count)
         self.backlog.refused_total += len(answer.refused)
-        log.info("sent %d reading(s) kept while the control plane was away: %d stored, %d held already; %d still "
-                 "kept", count, answer.stored, answer.duplicates, len(self.backlog))
+        # After an outage, on the record; a reading taken while one report was merely slow, only when asked.
+        log.log(logging.INFO if self._outage else logging.DEBUG,
+                "sent %d reading(s) kept while the control plane was away: %d stored, %d held already; %d still "
+                "kept", count, answer.stored, answer.duplicates, len(self.backlog))
+        if not len(self.backlog):
+            self._outage = False
         if answer.refused:
             first = answer.refused[0]
             log.warning("control plane refused %d part(s) of the kept readings; the first, reading %d (%s)%s: %s",

@@ -11,7 +11,7 @@ The table (``docs/design.md``, "Progress"):
 
     canary          generation tokens during it   verdict
     completed       (any)                         SERVING
-    failed / late   moved                         BUSY     a slow engine under load: never restarted
+    failed / late   moved, or a token streamed    BUSY     a slow engine under load: never restarted
     failed / late   flat, or /metrics unreadable  SUSPECT  the first such canary
     failed / late   flat, or unreadable, N in a row  WEDGED  readiness off until a restart proves progress
 
@@ -42,9 +42,15 @@ class CanaryEvidence:
     tokens_before: float | None = None
     tokens_after: float | None = None
     error: str | None = None
+    # A late canary that streamed a token: its own token is progress, whatever the counter read.
+    streamed: bool = False
+    # The API server answered nothing, not even the /metrics read begun with the first canary: not read again.
+    silent: bool = False
 
     @property
     def tokens_moved(self) -> bool | None:
+        if self.streamed:
+            return True
         if self.tokens_before is None or self.tokens_after is None:
             return None
         # A counter that went down is a new engine process: that is progress of a kind, not a wedge.
@@ -78,6 +84,12 @@ class ProgressWatch:
         self.last = verdict
         self._history = [*self._history[-(self.needed - 1):], evidence] if self.needed > 1 else [evidence]
         return verdict
+
+    def round_ended(self) -> None:
+        """A round of back-to-back canaries ended short of a verdict: its flat ones do not carry into the next
+        round, a scrape interval later, since tokens may have moved in between, where no canary looked."""
+        if self.last is not Progress.WEDGED:
+            self.streak = 0
 
     def engine_seen(self, in_flight: float | None, tokens_moving: bool) -> None:
         """Remember the engine's in-flight count from a scrape that showed tokens moving.
@@ -113,6 +125,7 @@ class ProgressWatch:
         parts = []
         for e in self._history:
             tokens = (f"generation tokens {e.tokens_before:g} -> {e.tokens_after:g}"
-                      if e.tokens_before is not None and e.tokens_after is not None else "/metrics unreadable")
+                      if e.tokens_before is not None and e.tokens_after is not None else
+                      "/metrics unanswered since the first canary" if e.silent else "/metrics unreadable")
             parts.append(f"{e.error or 'failed'} ({tokens})")
         return "; ".join(parts)

