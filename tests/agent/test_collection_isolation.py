@@ -49,6 +49,10 @@ def test_one_frozen_engine_of_eight_leaves_the_other_seven_read_every_pass(tmp_p
                 passes.append({n: (r.engine.generation_tokens_total if r.engine else None)
                                for n, r in agent.replicas.items()})
             took = loop.time() - started
+            # The report that goes with the last pass carries the seven's readings of that pass.
+            report = {r.name: r.engine.generation_tokens_total if r.engine else None
+                      for r in agent.build_report().replicas}
+            assert report == passes[-1]
             release.set()
             agent.canaries.cancel()
             for task in agent._collecting.values():
