@@ -7,6 +7,8 @@
   of both lets a waiting ``solo`` test in before any test that arrives after it, so it is never starved.
 - ``xdist_group``: a module whose tests share one costly module-scoped fixture (a real vLLM, a fleet) is kept on
   one worker by ``--dist loadgroup`` (set in pyproject.toml).
+- ``early``: a test that mostly waits for minutes is collected first, so a worker starts it at once and the others
+  run the rest beside it, instead of its minutes coming at the end of the part.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ def _worker() -> tuple[int, int] | None:
     if not name or not count:
         return None
     return int(name.removeprefix("gw")), int(count)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("early") is None)  # stable: the rest keep their order
 
 
 def pytest_configure(config: pytest.Config) -> None:

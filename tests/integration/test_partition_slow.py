@@ -24,7 +24,8 @@ from bench.harness.tcp_proxy import BlackHoleProxy
 from tests.helpers import free_port, http_ok, wait_until
 from tests.notify.receiving import Receiving, said
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# early: five minutes of waiting, started first so the rest of the suite runs beside it.
+pytestmark = [pytest.mark.slow, pytest.mark.early, pytest.mark.timeout(600)]
 
 NODE = "split-node"
 PARTITION_SECONDS = 300
