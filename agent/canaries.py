@@ -77,7 +77,7 @@ class Canaries:
     def start(self, replica: Replica, before: asyncio.Future[float | None] | float | None) -> None:
         """Send ``replica`` its canaries until a verdict, beside the caller. ``before``: the generation-token
         counter as the scrape sent with them reads it (a future: one /metrics read per engine per interval, and
-        none waited for before the canary goes), or read just now."""
+        none waited for before the canary goes), a value read just before, or None: unknown."""
         name = replica.spec.name
         self._scrapes_since[name] = 0
         task = asyncio.create_task(self._until_verdict(replica, before), name=f"canary-{name}")
