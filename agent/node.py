@@ -301,7 +301,7 @@ class Agent:
         except ReportError as exc:
             self._requeue(report, refused=exc.refused_content)
             self.sequence = exc.sequence_past(self.sequence)  # a 409: the next report numbered past the control plane's
-            if exc.status != 422:  # refused for its clock or content, its readings would be refused again
+            if exc.readings_kept:
                 self.backlog.keep_report(report)
             raise
         if desired != self._saved_desired:  # the same answer every second: write it once
@@ -322,12 +322,12 @@ class Agent:
                 if failures == 0 or exc.kind != failing:  # once per outage (and per cause), not once per attempt
                     log.warning("%s; supervising on the last desired state%s", exc.summary,
                                 "; keeping a reading every report interval to send when it answers"
-                                if self.backlog.enabled and exc.status != 422 else "")
+                                if self.backlog.enabled and exc.readings_kept else "")
                     failing = exc.kind
                 failures += 1
                 self._outage = True
                 retry_at = _loop_time() + report_wait(failures, interval, exc.retry_after, self._rng)
-                await self._keep_readings(stop, retry_at, interval, keep=exc.status != 422)
+                await self._keep_readings(stop, retry_at, interval, keep=exc.readings_kept)
                 continue
             if failures:
                 log.info("control plane reachable again after %d failed reports", failures)

@@ -63,6 +63,12 @@ class ReportError(Exception):
         return self.status == 422 and any(p.get("type") == "clock_skew" for p in _problems(self.detail))
 
     @property
+    def readings_kept(self) -> bool:
+        """Whether the report's readings are worth keeping for later (``agent.backlog``): not when it was refused
+        for its clock or its content (422), which would refuse them again."""
+        return self.status != 422
+
+    @property
     def refused_content(self) -> bool:
         """The control plane read the report and refused what it says (422): the same content fails again."""
         return self.status == 422 and not self.clock_skew
