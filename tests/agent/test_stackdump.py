@@ -20,10 +20,13 @@ from tests.agent.test_agent_slow import sim_replica
 from tests.helpers import wait_until
 
 AT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-DUMP = """Process 4242: python -m pitstop.cli sim serve tiny
+# The fake runner's target: above Linux's highest pid_max (2**22), so no process on the host has it and the
+# kernel view a failed dump falls back to finds nothing there, as for a process gone by then.
+PID = 2**22 + 1
+DUMP = f"""Process {PID}: python -m pitstop.cli sim serve tiny
 Python v3.11.7 (/usr/bin/python3.11)
 
-Thread 4242 (idle): "MainThread"
+Thread {PID} (idle): "MainThread"
     EpollSelector.select (selectors.py:468)
     main (enginesim/cli.py:149)
 """
@@ -47,7 +50,7 @@ class FakeRunner:
         return self.dump
 
 
-def _dump(dumper: StackDumper, pid: int = 4242) -> tuple[str, str | None, str]:
+def _dump(dumper: StackDumper, pid: int = PID) -> tuple[str, str | None, str]:
     result = asyncio.run(dumper.dump(pid))
     return result.note, result.text, result.message
 
@@ -55,10 +58,10 @@ def _dump(dumper: StackDumper, pid: int = 4242) -> tuple[str, str | None, str]:
 def test_a_dump_carries_its_note_then_the_stacks() -> None:
     runner = FakeRunner()
     note, text, message = _dump(StackDumper("/opt/py-spy", "n1", runner=runner, timeout=10, wall=lambda: AT))
-    assert note == "captured by py-spy 0.4.3 at 2026-11-29T12:00:00+00:00 from pid 4242 on node n1"
+    assert note == f"captured by py-spy 0.4.3 at 2026-11-29T12:00:00+00:00 from pid {PID} on node n1"
     assert text is not None and "main (enginesim/cli.py:149)" in text
     assert message.splitlines()[0] == note and message.endswith("main (enginesim/cli.py:149)")
-    assert runner.calls[1][0] == ["/opt/py-spy", "dump", "--pid", "4242", "--subprocesses"]
+    assert runner.calls[1][0] == ["/opt/py-spy", "dump", "--pid", str(PID), "--subprocesses"]
     assert runner.calls[1][1] <= 10
 
 
@@ -69,14 +72,14 @@ def test_a_missing_py_spy_is_recorded_without_running_anything() -> None:
 
 def test_a_hanging_py_spy_is_given_up_on_and_said_so() -> None:
     note, text, _ = _dump(StackDumper("/opt/py-spy", "n1", runner=FakeRunner(hang=True), timeout=3, wall=lambda: AT))
-    assert text is None and note == "no stack dump: py-spy gave no dump of pid 4242 within 3s on node n1"
+    assert text is None and note == f"no stack dump: py-spy gave no dump of pid {PID} within 3s on node n1"
 
 
 def test_a_refused_ptrace_says_what_to_do() -> None:
     refused = RunResult(1, "", "Error: Permission denied (os error 13)\n\nStack backtrace:\n 0: anyhow")
     note, text, _ = _dump(StackDumper("/opt/py-spy", "n1", runner=FakeRunner(refused), wall=lambda: AT))
     assert text is None
-    assert note == ("no stack dump: py-spy failed on pid 4242: Permission denied (os error 13) (ptrace refused: "
+    assert note == (f"no stack dump: py-spy failed on pid {PID}: Permission denied (os error 13) (ptrace refused: "
                     "run the agent as root or with CAP_SYS_PTRACE) on node n1")
 
 
@@ -111,7 +114,7 @@ def test_a_process_that_cannot_be_suspended_is_read_without_suspending_it_and_th
     runner = SuspendFails()
     note, text, _ = _dump(StackDumper("/opt/py-spy", "n1", runner=runner, timeout=10, wall=lambda: AT))
     assert text is not None and "main (enginesim/cli.py:149)" in text
-    assert note.startswith("captured by py-spy 0.4.3 at 2026-11-29T12:00:00+00:00 from pid 4242 on node n1 without "
+    assert note.startswith(f"captured by py-spy 0.4.3 at 2026-11-29T12:00:00+00:00 from pid {PID} on node n1 without "
                            "suspending it (--nonblocking: stacks may be torn)"), note
     assert "Failed to get stack traces: Failed to suspend process: unexpected waitpid result" in note
     assert [argv[-1] for argv, _ in runner.calls[1:]] == ["--subprocesses", "--nonblocking"]
@@ -132,7 +135,7 @@ def test_with_no_python_stacks_at_all_the_kernel_view_of_every_thread_is_kept(
 
 
 def test_py_spy_is_gone_and_the_process_too_leaves_only_the_reason() -> None:
-    note, text, _ = _dump(StackDumper(None, "n1", wall=lambda: AT), pid=2**22 + 1)
+    note, text, _ = _dump(StackDumper(None, "n1", wall=lambda: AT))
     assert (note, text) == ("no stack dump: py-spy not installed on node n1", None)
 
 
