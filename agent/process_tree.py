@@ -7,11 +7,13 @@ vLLM's host-memory leaks live in the EngineCore and worker children, not in the 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import math
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import psutil
@@ -20,17 +22,63 @@ from agent.wire import ProcessSample
 
 
 def client_connections(pid: int, port: int) -> int | None:
-    """TCP connections open to the engine's ``port`` in process ``pid``, the agent's own left out: the requests
-    a wedged engine holds (its gauges read 0 then, vLLM #39863). Idle keep-alive connections of a load balancer
-    count too: an upper bound, not an exact figure. ``None`` when the process cannot be read."""
-    try:
-        theirs = psutil.Process(pid).net_connections(kind="tcp")
-        mine = {c.laddr for c in psutil.Process().net_connections(kind="tcp")
-                if c.raddr and c.raddr.port == port}
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+    """Client connections established to the engine's ``port``, as the kernel of process ``pid``'s network
+    namespace lists them, the agent's own left out: the requests a wedged engine holds (its gauges read 0 then,
+    vLLM #39863). A connection still in the listen backlog counts too: a frozen API server accepts nothing, so
+    the requests sent to it after it froze never reach one of its descriptors, yet each is lost with it. Idle
+    keep-alive connections of a load balancer count as well: an upper bound, not an exact figure. ``None`` when
+    the tables cannot be read (the process gone, or not ours to read)."""
+    tables = []
+    for name in ("tcp", "tcp6"):
+        try:
+            tables.append(Path(f"/proc/{pid}/net/{name}").read_text())
+        except FileNotFoundError:
+            continue  # a kernel without IPv6
+        except OSError:
+            return None
+    if not tables:
         return None
-    return sum(1 for c in theirs if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
-               and c.raddr and c.raddr not in mine)
+    entries = [entry for table in tables for entry in _tcp_entries(table)]
+    own = _socket_inodes(os.getpid())
+    mine = {local for local, remote, _, inode in entries if remote[1] == port and inode in own}
+    return sum(1 for local, remote, state, _ in entries
+               if state == _ESTABLISHED and local[1] == port and remote not in mine)
+
+
+_ESTABLISHED = "01"  # the state column of /proc/net/tcp (include/net/tcp_states.h)
+Endpoint = tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]
+
+
+def _tcp_entries(table: str) -> Iterator[tuple[Endpoint, Endpoint, str, str]]:
+    """(local, remote, state, inode) of each socket in a ``/proc/<pid>/net/tcp`` or ``tcp6`` table."""
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 9:
+            with contextlib.suppress(ValueError):
+                yield _endpoint(fields[1]), _endpoint(fields[2]), fields[3], fields[9]
+
+
+def _endpoint(text: str) -> Endpoint:
+    """``0100007F:1F90`` (IPv4) or 32 hex digits and a port (IPv6): each 32-bit word of the address is in the
+    host's byte order. An IPv4 peer of a dual-stack socket reads as its IPv4 address, as in the IPv4 table."""
+    address, port = text.split(":")
+    raw = b"".join(int(address[i:i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(address), 8))
+    ip = ipaddress.ip_address(raw)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip, int(port, 16)
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets process ``pid`` holds open (``socket:[inode]`` links under /proc/<pid>/fd)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    return inodes
 
 
 def tree_pids(pid: int) -> set[int]:

@@ -9,10 +9,10 @@ on them). Three tests, in order, on one engine (each vLLM start costs ~40 s of t
    it;
 2. the wedge: clients stream, the ``VLLM::EngineCore`` child is frozen with SIGSTOP while the API server
    runs on (``/health`` stays 200, the gauges read 0, vLLM #39863): readiness goes off within 20 s, the stall
-   restart is recorded within 60 s, the replica is READY again at a new process, and the frozen EngineCore
-   and its process group are gone;
+   restart is recorded within 60 s with the requests the engine held, the replica is READY again at a new
+   process, and the frozen EngineCore and its process group are gone;
 3. the same with the API server frozen instead (a hung uvicorn loop, a tokenizer deadlock: ``/health`` and
-   ``/metrics`` time out too), within the same bounds.
+   ``/metrics`` time out too; the requests it holds wait in its listen backlog), within the same bounds.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -144,6 +145,19 @@ def _stream(url: str, max_tokens: int, results: list[dict[str, Any]], timeout: f
     except httpx.HTTPError as exc:
         error = f"{type(exc).__name__}: {exc}"
     results.append({"tokens": tokens, "done": done, "error": error})
+
+
+def _send_held(url: str) -> socket.socket:
+    """A streaming completion sent whole over a connection of its own and never read: a request that reached
+    the engine. Sent just after a freeze, it is certainly held: the tiny model streams 240 tokens in well
+    under a second, so a stream in flight at the freeze may already be complete in the API server's buffers,
+    or in the client's socket, by the time the agent judges the wedge."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 8, "stream": True}).encode()
+    connection = socket.create_connection((host, int(port)), timeout=10)
+    connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Type: "
+                       b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return connection
 
 
 def _engine_core(api_pid: int) -> psutil.Process:
@@ -274,20 +288,21 @@ def _frozen_case(fleet: Fleet, which: str) -> None:
         while not stop.is_set():
             _stream(fleet.engine, 240, results, 300)
 
-    # Four clients for two slots: two streams run and two wait inside the EngineCore when it freezes (on two
-    # cores the tiny model's streams finish in well under a second, so fewer might all be done by then).
+    # Four clients for two slots: traffic when it freezes (its streams may all be complete by the verdict).
     clients = [threading.Thread(target=client, daemon=True) for _ in range(4)]
     for t in clients:
         t.start()
     # The rate is None until two scrapes of the engine have been taken: keep waiting, do not compare None. And
-    # every client's first stream done: their connections are open (kept alive) when it freezes, not still
-    # queued for a frozen API server to accept (a warmed-up engine's rate is above 0 before any client's is).
+    # every client's first stream done (a warmed-up engine's rate is above 0 before any client's is).
     wait_until(lambda: ((fleet.replica().get("engine") or {}).get("generation_tokens_per_second") or 0) > 0
                and len(results) >= len(clients), 60, what="the clients generating")
     earlier = {a["id"] for a in fleet.stall_restarts()}  # an earlier case's; this one's restart comes after these
     frozen_process.send_signal(signal.SIGSTOP)
     frozen = time.monotonic()
-    stop.set()  # the streams in flight now hang on the frozen engine; no client sends another
+    stop.set()  # no client sends another stream
+    # What a load balancer sends until readiness goes off: two requests the frozen engine holds (the frozen
+    # core's API server takes them and waits; a frozen API server leaves them in its listen backlog).
+    held = [_send_held(fleet.engine) for _ in range(2)]
     if which == "core":
         assert probe.get(f"{fleet.engine}/health", timeout=10).status_code == 200  # vLLM #39863
     else:
@@ -309,8 +324,10 @@ def _frozen_case(fleet: Fleet, which: str) -> None:
     assert action["state"] != "suppressed", f"the stall restart was suppressed: {action}"  # else no restart comes
     [finding] = action["evidence"]
     assert finding["detector"] == "stall" and finding["subject"] == "wedge-node/tiny-0"
-    # The clients' streams were in flight when it froze (vLLM's gauges read 0: the agent counted connections).
-    assert finding["measured"]["requests_lost"] >= 1, finding
+    # At least the two held requests were in flight at the verdict (vLLM's gauges read 0: the agent counted
+    # the connections to the engine's port, accepted or not).
+    wedged = [e["message"] for e in fleet.events() if e["kind"] == "transition" and e["to_state"] == "WEDGED"]
+    assert finding["measured"]["requests_lost"] >= len(held), f"{finding}\n{wedged}\nstreams: {results}"
 
     fresh = fleet.wait_ready()
     ready_after = time.monotonic() - frozen
@@ -318,6 +335,8 @@ def _frozen_case(fleet: Fleet, which: str) -> None:
     assert fresh["generation"] >= 1
     assert not psutil.pid_exists(frozen_process.pid) or frozen_process.status() == psutil.STATUS_ZOMBIE
     assert group_alive(api_pid) == [], "a process of the wedged engine survived its restart"
+    for connection in held:
+        connection.close()
     for t in clients:
         t.join(timeout=300)
     transitions = [(e["from_state"], e["to_state"]) for e in fleet.events() if e["kind"] == "transition"]
