@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agent.live_limits import names_scheduler, scheduler_flags
 from agent.tls import normalise_pin
 from agent.wire import MAX_GPU_INDEX, NAME_PATTERN
 
@@ -42,6 +43,14 @@ class Clash(ValueError):
         super().__init__(message)
         self.loc = loc
         self.other = other
+
+
+class FieldProblem(ValueError):
+    """A model check's finding that belongs to one of the model's fields: the error names that field's line."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class _Strict(BaseModel):
@@ -98,6 +107,9 @@ class ReplicaConfig(_Strict):
     log_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
     log_backups: int = Field(default=3, ge=0, le=100)
     enabled: bool = True
+    # A live cap on running requests, changed with no restart (``agent.live_limits``): the engine runs Pitstop's
+    # scheduler plug-in. Opt-in: the plug-in uses a vLLM interface vLLM does not promise to keep.
+    live_limits: bool = False
 
     @model_validator(mode="after")
     def _managed_or_attached(self) -> ReplicaConfig:
@@ -105,6 +117,21 @@ class ReplicaConfig(_Strict):
             raise ValueError("a managed replica needs 'port' (or give 'url' to attach to a running engine)")
         if self.url is None and not self.model:
             raise ValueError("a managed replica needs 'model'")
+        return self
+
+    @model_validator(mode="after")
+    def _live_limits_need_a_vllm_the_agent_starts(self) -> ReplicaConfig:
+        if not self.live_limits:
+            return self
+        if not self.managed:
+            raise FieldProblem("live_limits needs a managed replica: the agent loads the plug-in when it starts "
+                               "the engine, and an attached one it never starts", "live_limits")
+        if self.engine != "vllm":
+            raise FieldProblem(f"live_limits needs engine: vllm (the plug-in is a vLLM scheduler), not "
+                               f"{self.engine!r}", "live_limits")
+        if names_scheduler(self.args):
+            raise FieldProblem("live_limits puts its own scheduler in place: 'args' must not name --scheduler-cls",
+                               "args")
         return self
 
     @property
@@ -123,6 +150,8 @@ class ReplicaConfig(_Strict):
         named = any(f == "--shutdown-timeout" or f.startswith("--shutdown-timeout=") for f in flags)
         if self.shutdown_timeout is not None and not named:
             flags += ["--shutdown-timeout", f"{self.shutdown_timeout:g}"]
+        if self.live_limits:
+            flags += scheduler_flags(flags)
         return [part.format(**values) for part in template] + flags
 
 
@@ -328,6 +357,8 @@ def _format_errors(source: str, text: str, exc: ValidationError) -> str:
             loc = clash.loc
             there = f"{source}:{other}" if other else "its default or the environment"
             message = f"{clash} ({_field(clash.other)}: {there})"
+        elif isinstance(clash, FieldProblem):
+            loc, message = (*loc, clash.field), str(clash)
         line = _line_of(text, loc) if text else None
         where = f"{source}:{line}" if line else source
         lines.append(f"{where}: {_field(loc)}: {message}")

@@ -29,6 +29,8 @@ class Want:
     args: list[str] = field(default_factory=list)
     # Dump the running engine's stacks before leaving it for ``generation`` (a restart for a stall).
     capture_stack: bool = False
+    # The live cap on running requests (``agent.live_limits``): changed with no new generation, no restart.
+    live_cap: int | None = None
 
 
 def plan_wants(desired: DesiredState, current: dict[str, Want]) -> dict[str, Want]:
@@ -38,6 +40,7 @@ def plan_wants(desired: DesiredState, current: dict[str, Want]) -> dict[str, Wan
     scheduled restart against a slow leak is a new generation too). The same generation with a flipped
     ``enabled`` means stop or start again. Lower generations are stale answers and are ignored; unknown
     replica names are ignored too (the control plane cannot create replicas the node has no config for).
+    A changed ``live_cap`` alone is a change too, at the same generation: the engine takes it live.
     """
     changes: dict[str, Want] = {}
     for spec in desired.replicas:
@@ -45,9 +48,10 @@ def plan_wants(desired: DesiredState, current: dict[str, Want]) -> dict[str, Wan
         if now is None:
             continue
         if spec.generation > now.generation:
-            changes[spec.name] = Want(spec.enabled, spec.generation, list(spec.engine_args), spec.capture_stack)
-        elif spec.generation == now.generation and spec.enabled != now.enabled:
-            changes[spec.name] = Want(spec.enabled, now.generation, list(now.args), now.capture_stack)
+            changes[spec.name] = Want(spec.enabled, spec.generation, list(spec.engine_args), spec.capture_stack,
+                                      spec.live_cap)
+        elif spec.generation == now.generation and (spec.enabled, spec.live_cap) != (now.enabled, now.live_cap):
+            changes[spec.name] = Want(spec.enabled, now.generation, list(now.args), now.capture_stack, spec.live_cap)
     return changes
 
 

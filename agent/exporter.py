@@ -41,6 +41,8 @@ pitstop_replica_restarts_total         counter    restarts after failures
 pitstop_replica_rss_bytes              gauge      host RSS of the engine's whole process tree
 pitstop_replica_processes              gauge      processes in the engine's tree
 pitstop_replica_gpu_memory_bytes       gauge      GPU memory held by the engine's processes
+pitstop_replica_live_cap               gauge      the live cap on running requests in effect (``live_limits``
+                                                  on and its plug-in active; absent otherwise)
 pitstop_engine_requests_running        gauge      vllm:num_requests_running
 pitstop_engine_requests_waiting        gauge      vllm:num_requests_waiting
 pitstop_engine_kv_cache_usage_ratio    gauge      vllm:kv_cache_usage_perc
@@ -138,6 +140,7 @@ REPLICA_SERIES: tuple[tuple[str, str, str, ReplicaValue], ...] = (
     ("pitstop_replica_processes", "gauge", "Processes in the engine tree.", _proc("num_processes")),
     ("pitstop_replica_gpu_memory_bytes", "gauge", "GPU memory of the engine processes.",
      _proc("gpu_memory_bytes")),
+    ("pitstop_replica_live_cap", "gauge", "Live cap on running requests in effect.", lambda r: r.live_cap),
     ("pitstop_engine_requests_running", "gauge", "Requests running.", _eng("requests_running")),
     ("pitstop_engine_requests_waiting", "gauge", "Requests waiting.", _eng("requests_waiting")),
     ("pitstop_engine_kv_cache_usage_ratio", "gauge", "KV cache usage 0..1.", _eng("kv_cache_usage_ratio")),

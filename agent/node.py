@@ -154,11 +154,13 @@ class Agent:
             replica.set_cordoned(self.cordoned)
             replica.set_gpu_cordoned(self.cordoned_gpus)
         for name, want in plan_wants(desired, {n: r.want for n, r in managed.items()}).items():
-            log.info("replica %s: desired generation %d (enabled=%s, args=%s)", name, want.generation,
-                     want.enabled, want.args)
-            managed[name].machine.note("desired", f"generation {want.generation}, enabled={want.enabled}, "
-                                                  f"args={want.args}")
-            managed[name].set_want(want)
+            now = managed[name].want
+            if (want.generation, want.enabled) != (now.generation, now.enabled):
+                log.info("replica %s: desired generation %d (enabled=%s, args=%s)", name, want.generation,
+                         want.enabled, want.args)
+                managed[name].machine.note("desired", f"generation {want.generation}, enabled={want.enabled}, "
+                                                      f"args={want.args}")
+            managed[name].set_want(want)  # a live cap alone is said by the replica itself
 
     # ---- collection -------------------------------------------------------------------------------------
     async def collect_once(self) -> None:

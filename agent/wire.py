@@ -202,6 +202,20 @@ class ProcessSample(_Wire):
     gpu_memory_bytes: Count | None = None
 
 
+class LiveLimits(_Wire):
+    """The live-cap plug-in inside a replica's engine, as it last wrote its state (``agent.live_limits``)."""
+
+    active: bool
+    # Why it is not active: this vLLM's scheduler lacks what it needs, or its state could not be read.
+    reason: str | None = Field(default=None, max_length=1000)
+    cap: Count | None = None  # in effect now
+    requested: Count | None = None  # what the cap file holds (None: no cap)
+    startup_limit: Count | None = None  # what the engine was started with: the cap never goes above it
+    vllm: str | None = Field(default=None, max_length=64)
+    tested: bool | None = None  # this vLLM among the versions the plug-in was tested on
+    error: str | None = Field(default=None, max_length=1000)  # the cap file missing or unreadable
+
+
 class ReplicaStatus(_Grown):
     name: str = Field(pattern=NAME_PATTERN)
     model: str = Field(max_length=256)
@@ -224,8 +238,12 @@ class ReplicaStatus(_Grown):
     # While WEDGED: the requests it held when the agent took it out of rotation (client connections open to it,
     # or what its gauges said while it still made progress). They are lost with it; the restart's evidence.
     requests_in_flight_at_wedge: Count | None = None
+    # The live cap on running requests in effect (``live_limits: true`` and its plug-in active), and the
+    # plug-in's own account of itself.
+    live_cap: Count | None = None
+    live_limits: LiveLimits | None = None
 
-    _added_fields = ("requests_in_flight_at_wedge",)
+    _added_fields = ("requests_in_flight_at_wedge", "live_cap", "live_limits")
 
 
 class ReplicaEvent(_Wire):
@@ -305,8 +323,11 @@ class ReplicaSpec(_Grown):
     # True with a new generation: dump the old engine's Python stacks (py-spy) before draining it, and send the
     # dump as a ``stack_dump`` event. A stalled engine's stacks are the evidence a restart destroys.
     capture_stack: bool = False
+    # The most requests the engine may run at once, changed live with no restart where the replica has
+    # ``live_limits: true`` (never above its ``--max-num-seqs``); None: no cap beyond the startup limit.
+    live_cap: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
-    _added_fields = ("capture_stack",)
+    _added_fields = ("capture_stack", "live_cap")
 
 
 class DesiredState(_Grown):
