@@ -7,9 +7,11 @@ reason, where they are missing, and a run that deselects them never looks (the s
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,3 +39,13 @@ def vllm_replica(name: str, port: int, **settings: Any) -> dict[str, Any]:
                     "--dtype", "float32"],
         "env": {"HF_HUB_OFFLINE": "1"}, "start_timeout": START_TIMEOUT, **settings,
     }
+
+
+def engine_core(api_pid: int) -> psutil.Process:
+    """The ``VLLM::EngineCore`` child of the API server (its process title names it)."""
+    for child in psutil.Process(api_pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                return child
+    raise AssertionError(f"no EngineCore under {api_pid}: "
+                         f"{[(c.pid, c.name()) for c in psutil.Process(api_pid).children(recursive=True)]}")

@@ -39,7 +39,7 @@ from controlplane.policy_files import DEFAULTS_DIR
 from tests.agent.conftest import group_alive
 from tests.helpers import free_port, http_ok, wait_until
 from tests.integration.conftest import Processes
-from tests.integration.real_vllm import START_TIMEOUT, require_real_vllm, vllm_replica
+from tests.integration.real_vllm import START_TIMEOUT, engine_core, require_real_vllm, vllm_replica
 
 # solo: a real vLLM on CPU runs at the pace of the cores it gets; a starved one would read as wedged.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("real-vllm-wedge"),
@@ -160,16 +160,6 @@ def _send_held(url: str) -> socket.socket:
     return connection
 
 
-def _engine_core(api_pid: int) -> psutil.Process:
-    """The ``VLLM::EngineCore`` child of the API server (its process title names it)."""
-    for child in psutil.Process(api_pid).children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
-                return child
-    raise AssertionError(f"no EngineCore under {api_pid}: "
-                         f"{[(c.pid, c.name()) for c in psutil.Process(api_pid).children(recursive=True)]}")
-
-
 class TokenWatch:
     """The engine's ``vllm:generation_tokens_total`` read every 0.1 s, as the agent reads it: when it last moved,
     and the longest stretch it stood still. A control case that says "tokens flow" checks that they did."""
@@ -216,7 +206,7 @@ def _generation_tokens(text: str) -> float | None:
 def test_a_slow_engine_whose_tokens_flow_is_never_taken_out(fleet: Fleet) -> None:
     replica = fleet.wait_ready()
     wait_until(lambda: fleet.replica().get("canary_ok") is True, 60, what="a canary on the idle engine")
-    core = _engine_core(replica["process"]["pid"])
+    core = engine_core(replica["process"]["pid"])
     stop = threading.Event()
     results: list[dict[str, Any]] = []
     firsts: list[float] = []  # per resume: how long until the counter moved
@@ -279,7 +269,7 @@ def _frozen_case(fleet: Fleet, which: str) -> None:
     replica = fleet.wait_ready()
     wait_until(lambda: fleet.replica().get("canary_ok") is True, 60, what="the canary back to normal")
     api_pid = replica["process"]["pid"]
-    core = _engine_core(api_pid)
+    core = engine_core(api_pid)
     frozen_process = core if which == "core" else psutil.Process(api_pid)
     results: list[dict[str, Any]] = []
     stop = threading.Event()
