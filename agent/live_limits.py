@@ -71,7 +71,7 @@ class LiveCapFile:
             return LiveLimits(active=False, reason=f"cannot read {self.state_path}: {exc}")
         try:
             data = json.loads(text)
-            fields = {k: data.get(k) for k in LiveLimits.model_fields}
+            fields = {k: data.get(k) for k in LiveLimits.model_fields if k != "asked"}  # the agent's, not its
             return LiveLimits.model_validate(fields)
         except (ValueError, ValidationError, AttributeError) as exc:
             return LiveLimits(active=False, reason=f"unreadable plug-in state {self.state_path}: {exc}"[:1000])

@@ -189,6 +189,7 @@ class ReplicaSupervisor:
             elif state.tested is False:
                 self.machine.note("live_cap", f"live cap active on vLLM {state.vllm}, a version its plug-in was "
                                               "not tested on")
+        state = state.model_copy(update={"asked": self.live.written})
         return {"live_limits": state, "live_cap": state.cap if state.active else None}
 
     # ---- the task ---------------------------------------------------------------------------------------

@@ -214,6 +214,9 @@ class LiveLimits(_Wire):
     vllm: str | None = Field(default=None, max_length=64)
     tested: bool | None = None  # this vLLM among the versions the plug-in was tested on
     error: str | None = Field(default=None, max_length=1000)  # the cap file missing or unreadable
+    # What the agent last wrote to the cap file (None: no cap). An engine takes a new cap at its next step, so an
+    # idle one shows it in ``cap`` only once a request comes: until then ``asked`` and ``requested`` differ.
+    asked: Count | None = None
 
 
 class ReplicaStatus(_Grown):

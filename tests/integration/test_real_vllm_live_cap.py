@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -198,13 +198,13 @@ def behind_the_api_server(api_pid: int) -> None:
             process.nice(19)
 
 
-def bursts(core: psutil.Process, clients: Clients, enough: int) -> list[int]:
+def bursts(core: psutil.Process, clients: Clients) -> list[int]:
     """Let the paused engine run 20 ms at a time, each time until its clients have received everything it made,
-    until ``enough`` streams have tokens: each stream's count then."""
+    until every stream has tokens: each stream's count then (the engine paused)."""
     wait_until(lambda: len(clients.read()["streams"]) == STARTUP, 30, what="the clients started")
     counts = clients.counts()
     deadline = time.monotonic() + 60
-    while sum(c > 0 for c in counts) < enough:
+    while not all(c > 0 for c in counts):
         assert time.monotonic() < deadline, f"60 s of bursts: {counts}"
         core.resume()
         time.sleep(0.02)
@@ -213,21 +213,27 @@ def bursts(core: psutil.Process, clients: Clients, enough: int) -> list[int]:
     return counts
 
 
-def test_a_lowered_cap_holds_six_streams_from_the_next_step_while_two_run_on(fleet: Fleet, tmp_path: Path) -> None:
-    before = fleet.replica()
+def eight_streams(fleet: Fleet, out: Path, then: Callable[[list[int]], None]) -> tuple[list[int], list[Any]]:
+    """Eight streams started on the paused engine and run until each has tokens; ``then`` with their counts,
+    still paused; then the engine runs free until they end: the counts, and what each stream received."""
     with fleet.paused() as core:  # before the requests reach it
-        clients = Clients(fleet.engine, STARTUP, tmp_path / "clients.json")
+        clients = Clients(fleet.engine, STARTUP, out)
         try:
-            at_cap = bursts(core, clients, STARTUP)
-            assert all(0 < c < TOKENS - 100 for c in at_cap), f"the bursts should start every stream: {at_cap}"
-            fleet.set_cap_written(CAP)
+            counts = bursts(core, clients)
+            assert all(0 < c < TOKENS - 100 for c in counts), f"the bursts should start every stream: {counts}"
+            then(counts)
         except BaseException:
             clients.stop()
             raise
     try:
-        streams = clients.wait()
+        return counts, clients.wait()
     finally:
         clients.stop()
+
+
+def test_a_lowered_cap_holds_six_streams_from_the_next_step_while_two_run_on(fleet: Fleet, tmp_path: Path) -> None:
+    before = fleet.replica()
+    at_cap, streams = eight_streams(fleet, tmp_path / "clients.json", lambda _: fleet.set_cap_written(CAP))
     fleet.wait_cap(CAP)
     # Two ran on (the first to receive 50 more tokens). Each of the six others received at most two more tokens
     # (of the steps already under way when the engine was paused: one running, one scheduled) and then nothing
@@ -254,18 +260,12 @@ def test_a_raised_cap_lets_all_eight_run_together_again(fleet: Fleet, tmp_path: 
     before = fleet.replica()
     if before.get("live_cap") != CAP:
         fleet.set_cap_written(CAP)
-    fleet.set_cap_written(STARTUP)  # an idle engine takes it at its next step
-    with fleet.paused() as core:  # before the requests reach it
-        clients = Clients(fleet.engine, STARTUP, tmp_path / "clients.json")
-        try:
-            bursts(core, clients, STARTUP)
-        except BaseException:
-            clients.stop()
-            raise
-    try:
-        streams = clients.wait()
-    finally:
-        clients.stop()
+    fleet.set_cap_written(STARTUP)
+    # An idle engine takes it at its next step: until then the agent reports both.
+    wait_until(lambda: fleet.replica()["live_limits"]["asked"] == STARTUP, 10, what="the cap asked for, reported")
+    live = fleet.replica()["live_limits"]
+    assert (live["cap"], live["requested"]) == (CAP, CAP), live
+    _, streams = eight_streams(fleet, tmp_path / "clients.json", lambda _: None)
     fleet.wait_cap(STARTUP)
     # All eight ran together: each had at least 100 tokens before the first of them ended.
     first_end = min(s["arrivals"][-1] for s in streams)
