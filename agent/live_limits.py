@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -75,3 +75,44 @@ class LiveCapFile:
             return LiveLimits.model_validate(fields)
         except (ValueError, ValidationError, AttributeError) as exc:
             return LiveLimits(active=False, reason=f"unreadable plug-in state {self.state_path}: {exc}"[:1000])
+
+
+class LiveCap:
+    """One replica's live cap, as its supervisor drives it: what is asked, through the cap file, and what the
+    engine's plug-in says back. ``note`` records an event of the replica (kind, message)."""
+
+    def __init__(self, path: Path, note: Callable[[str, str], object]) -> None:
+        self.file = LiveCapFile(path)
+        self.note = note
+        self._said: tuple[int, bool, bool | None] | None = None  # (generation, active, tested) last said
+
+    def ask(self, cap: int | None) -> None:
+        """A new cap for the engine running now: it takes it at its next step; no restart, no drain."""
+        self.file.write(cap)
+        self.note("live_cap", f"live cap {'none' if cap is None else cap} written for the engine to take at its "
+                              "next step (no restart)")
+
+    def starting(self, cap: int | None, env: Mapping[str, str]) -> dict[str, str]:
+        """Before an engine starts: no state of the one before, the cap wanted now, and the engine's environment."""
+        self.file.forget_state()
+        self.file.write(cap)
+        return self.file.engine_env(env)
+
+    def status(self, generation: int) -> dict[str, LiveLimits | int | None]:
+        """``live_limits`` as the engine's plug-in last wrote it (with what was asked), and ``live_cap`` in
+        effect while it is active. The first state of each engine that is not active, or runs a vLLM the
+        plug-in was not tested on, is said once as an event."""
+        state = self.file.state()
+        if state is None:
+            return {}
+        said = (generation, state.active, state.tested)
+        if said != self._said:
+            self._said = said
+            if not state.active:
+                self.note("live_cap", f"live cap not enabled: {state.reason}; a --max-num-seqs change restarts "
+                                      "this engine")
+            elif state.tested is False:
+                self.note("live_cap", f"live cap active on vLLM {state.vllm}, a version its plug-in was not tested "
+                                      "on")
+        state = state.model_copy(update={"asked": self.file.written})
+        return {"live_limits": state, "live_cap": state.cap if state.active else None}

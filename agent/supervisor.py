@@ -27,7 +27,7 @@ from agent.drain import drain
 from agent.engine_log import last_lines
 from agent.engine_proc import EngineProcess, reap_if_dead, with_exit
 from agent.event_journal import EventJournal
-from agent.live_limits import LiveCapFile
+from agent.live_limits import LiveCap
 from agent.phases import Outcome, first_of
 from agent.pidfile import PidFile, end_group
 from agent.probes import engine_ready, in_flight, served_model_name, stream_completion
@@ -36,7 +36,7 @@ from agent.progress import CanaryEvidence, Progress, ProgressWatch
 from agent.stackdump import StackDumper
 from agent.states import RUNNING_STATES, ReplicaMachine, utc_now
 from agent.warmup import warmup_done, warmup_summary
-from agent.wire import EngineSample, LiveLimits, ProcessSample, ReplicaState, ReplicaStatus
+from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus
 
 log = logging.getLogger(__name__)
 S = ReplicaState
@@ -85,26 +85,19 @@ class ReplicaSupervisor:
         self.progress = ProgressWatch(needed=wedge_canaries)
         self._wedged_because: str | None = None
         self.in_flight_at_wedge: int | None = None
-        self.live = LiveCapFile(state_dir / "run" / f"{spec.name}.live_cap") if spec.live_limits else None
-        self._live_said: tuple[int, bool, bool | None] | None = None  # (generation, active, tested) last noted
+        self.live = (LiveCap(state_dir / "run" / f"{spec.name}.live_cap", self.machine.note) if spec.live_limits
+                     else None)
 
     # ---- what is wanted -------------------------------------------------------------------------------
     def set_want(self, want: Want) -> None:
         if want.live_cap != self.want.live_cap:
-            self._take_live_cap(want.live_cap)
+            if self.live is not None:
+                self.live.ask(want.live_cap)
+            else:
+                self.machine.note("live_cap", f"live cap {want.live_cap or 'none'} asked for, but live_limits is off "
+                                              "for this replica: only a restart with new engine args changes its limit")
         self.want = want
         self._wake.set()
-
-    def _take_live_cap(self, cap: int | None) -> None:
-        """A new live cap: into the cap file at once, for the engine running now; no restart, no drain."""
-        wanted = "none" if cap is None else str(cap)
-        if self.live is None:
-            self.machine.note("live_cap", f"live cap {wanted} asked for, but live_limits is off for this replica: "
-                                          "only a restart with new engine args changes its limit")
-            return
-        self.live.write(cap)
-        self.machine.note("live_cap", f"live cap {wanted} written for the engine to take at its next step (no "
-                                      "restart)")
 
     def set_cordoned(self, cordoned: bool) -> None:
         """A cordoned node starts nothing and drains what runs; uncordoned, it converges back to ``want``."""
@@ -170,27 +163,7 @@ class ReplicaSupervisor:
             last_exit_code=self.last_exit_code, log_tail=self.log_tail[-200:], engine=self.engine,
             process=self.process, canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok,
             requests_in_flight_at_wedge=self.in_flight_at_wedge if self.state == S.WEDGED else None,
-            **self._live_status())
-
-    def _live_status(self) -> dict[str, LiveLimits | int | None]:
-        """``live_limits`` as the running engine's plug-in last wrote it, and the cap in effect when active. The
-        first state of each engine that is not active, or runs an untested vLLM, is said once as an event."""
-        if self.live is None or self.state not in RUNNING_STATES:
-            return {}
-        state = self.live.state()
-        if state is None:
-            return {}
-        said = (self.generation, state.active, state.tested)
-        if said != self._live_said:
-            self._live_said = said
-            if not state.active:
-                self.machine.note("live_cap", f"live cap not enabled: {state.reason}; a --max-num-seqs change "
-                                              "restarts this engine")
-            elif state.tested is False:
-                self.machine.note("live_cap", f"live cap active on vLLM {state.vllm}, a version its plug-in was "
-                                              "not tested on")
-        state = state.model_copy(update={"asked": self.live.written})
-        return {"live_limits": state, "live_cap": state.cap if state.active else None}
+            **(self.live.status(self.generation) if self.live is not None and self.state in RUNNING_STATES else {}))
 
     # ---- the task ---------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -230,7 +203,7 @@ class ReplicaSupervisor:
                                       self.spec.log_backups)
             self.generation, self.args = left.generation, list(left.args)
             if self.live is not None:
-                self.live.write(self.want.live_cap)  # what is wanted now, not what the previous agent last wrote
+                self.live.file.write(self.want.live_cap)  # what is wanted now, not what the previous agent wrote
             self.machine.to(S.STARTING, f"adopted engine {left.pid} (generation {left.generation}) left by a "
                                         "previous agent")
             log.warning("replica %s: adopted engine %d left by a previous agent", self.spec.name, left.pid)
@@ -267,9 +240,7 @@ class ReplicaSupervisor:
         env = {**os.environ, **self.extra_env, **self.spec.env, **self.pidfile.announce(self.generation, self.args),
                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.spec.gpus)}
         if self.live is not None:
-            self.live.forget_state()
-            self.live.write(self.want.live_cap)
-            env = self.live.engine_env(env)
+            env = self.live.starting(self.want.live_cap, env)
         try:
             self.proc = await EngineProcess.spawn(argv, env, self.log_path, self.spec.log_max_bytes,
                                                   self.spec.log_backups)

@@ -12,7 +12,7 @@ import pytest
 from agent.config import ConfigError, parse_config
 from agent.desired import Want, plan_wants
 from agent.live_cap import PLUGIN_DIR, SCHEDULER_CLS
-from agent.live_limits import CAP_FILE_VAR, LiveCapFile
+from agent.live_limits import CAP_FILE_VAR, LiveCap, LiveCapFile
 from agent.wire import DesiredState, ReplicaSpec
 
 VLLM = "node: n1\nreplicas:\n  - name: a\n    model: m\n    port: 8001\n    engine: vllm\n    live_limits: true\n"
@@ -98,3 +98,32 @@ def test_a_new_live_cap_alone_is_a_change_at_the_same_generation() -> None:
 def test_a_live_cap_travels_only_once_used() -> None:
     assert "live_cap" not in ReplicaSpec(name="a", generation=1).model_dump(mode="json")
     assert ReplicaSpec(name="a", generation=1, live_cap=3).model_dump(mode="json")["live_cap"] == 3
+
+
+def test_a_new_cap_is_written_and_said_and_the_plugins_state_is_reported_with_what_was_asked(tmp_path: Path) -> None:
+    said: list[tuple[str, str]] = []
+    live = LiveCap(tmp_path / "run" / "a.live_cap", lambda kind, message: said.append((kind, message)))
+    env = live.starting(None, {"HOME": "/root"})
+    assert live.file.path.read_text() == "none\n" and env[CAP_FILE_VAR] == str(live.file.path)
+    assert live.status(0) == {}  # the engine has not written its state yet
+    live.ask(2)
+    assert live.file.path.read_text() == "2\n"
+    assert said == [("live_cap", "live cap 2 written for the engine to take at its next step (no restart)")]
+    # An idle engine still says its startup limit: what was asked is reported beside it.
+    live.file.state_path.write_text(json.dumps({**STATE, "cap": 8, "requested": None}))
+    status = live.status(0)
+    assert status["live_cap"] == 8 and status["live_limits"].asked == 2  # type: ignore[union-attr]
+
+
+def test_an_engine_where_the_plugin_is_off_or_untested_is_said_once_per_engine(tmp_path: Path) -> None:
+    said: list[str] = []
+    live = LiveCap(tmp_path / "a.live_cap", lambda kind, message: said.append(message))
+    live.starting(None, {})
+    live.file.state_path.write_text(json.dumps({**STATE, "active": False, "reason": "no running list"}))
+    assert live.status(0)["live_cap"] is None
+    live.status(0)
+    assert said == ["live cap not enabled: no running list; a --max-num-seqs change restarts this engine"]
+    live.file.state_path.write_text(json.dumps({**STATE, "vllm": "0.40.1", "tested": False}))
+    live.status(1)
+    live.status(1)
+    assert said[1:] == ["live cap active on vLLM 0.40.1, a version its plug-in was not tested on"]
