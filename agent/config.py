@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agent.live_limits import names_scheduler, scheduler_flags
+from agent.live_cap import SCHEDULER_CLS, SCHEDULER_FLAG
 from agent.tls import normalise_pin
 from agent.wire import MAX_GPU_INDEX, NAME_PATTERN
 
@@ -51,6 +51,11 @@ class FieldProblem(ValueError):
     def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+def names_flag(args: list[str], flag: str) -> bool:
+    """Whether engine arguments give ``flag``, as ``--flag VALUE`` or ``--flag=VALUE``."""
+    return any(a == flag or a.startswith(f"{flag}=") for a in args)
 
 
 class _Strict(BaseModel):
@@ -129,7 +134,7 @@ class ReplicaConfig(_Strict):
         if self.engine != "vllm":
             raise FieldProblem(f"live_limits needs engine: vllm (the plug-in is a vLLM scheduler), not "
                                f"{self.engine!r}", "live_limits")
-        if names_scheduler(self.args):
+        if names_flag(self.args, SCHEDULER_FLAG):
             raise FieldProblem("live_limits puts its own scheduler in place: 'args' must not name --scheduler-cls",
                                "args")
         return self
@@ -147,11 +152,10 @@ class ReplicaConfig(_Strict):
         template = self.command if self.command is not None else DEFAULT_COMMANDS[self.engine]
         values = {"model": self.model, "host": self.host, "port": str(self.port)}
         flags = list(self.args if args is None else args)
-        named = any(f == "--shutdown-timeout" or f.startswith("--shutdown-timeout=") for f in flags)
-        if self.shutdown_timeout is not None and not named:
+        if self.shutdown_timeout is not None and not names_flag(flags, "--shutdown-timeout"):
             flags += ["--shutdown-timeout", f"{self.shutdown_timeout:g}"]
-        if self.live_limits:
-            flags += scheduler_flags(flags)
+        if self.live_limits and not names_flag(flags, SCHEDULER_FLAG):  # the desired state's args may name one
+            flags += [SCHEDULER_FLAG, SCHEDULER_CLS]
         return [part.format(**values) for part in template] + flags
 
 

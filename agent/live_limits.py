@@ -18,23 +18,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from agent.live_cap import PLUGIN_DIR, SCHEDULER_CLS
+from agent.live_cap import PLUGIN_DIR
 from agent.wire import LiveLimits
 
 CAP_FILE_VAR = "PITSTOP_LIVE_CAP_FILE"
-SCHEDULER_FLAG = "--scheduler-cls"
-
-
-def names_scheduler(args: list[str]) -> bool:
-    """Whether engine flags already choose a scheduler class (the plug-in cannot then be put in its place)."""
-    return any(a == SCHEDULER_FLAG or a.startswith(f"{SCHEDULER_FLAG}=") for a in args)
-
-
-def scheduler_flags(args: list[str]) -> list[str]:
-    """The flags that load the plug-in, unless ``args`` name a scheduler of their own."""
-    return [] if names_scheduler(args) else [SCHEDULER_FLAG, SCHEDULER_CLS]
-
-
 class LiveCapFile:
     """One replica's cap file under the agent's state dir, and the plug-in's state file beside it."""
 

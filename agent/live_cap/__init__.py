@@ -6,5 +6,5 @@
 from pathlib import Path
 
 PLUGIN_DIR = Path(__file__).parent
+SCHEDULER_FLAG = "--scheduler-cls"
 SCHEDULER_CLS = "pitstop_live_cap.LiveCapScheduler"
-
