@@ -107,19 +107,19 @@ class CapFile:
         if error != self.error and error is not None:
             log.warning("pitstop live cap: %s", error)
         self.error = error
-        self.write_state()
+        write_state(self.path, {**self.about, "startup_limit": self.startup_limit, "cap": self.cap,
+                                "requested": self.requested, "error": self.error})
 
-    def write_state(self, **extra: Any) -> None:
-        if self.path is None:
-            return
-        state = {**self.about, "startup_limit": self.startup_limit, "cap": self.cap, "requested": self.requested,
-                 "error": self.error, "at": time.time(), **extra}
-        self.about.update(extra)
-        tmp = f"{self.path}.state.{os.getpid()}.tmp"
-        with contextlib.suppress(OSError):  # a full disk must not stop the engine
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(state, f)
-            os.replace(tmp, f"{self.path}.state")
+
+def write_state(path: str | None, state: dict[str, Any]) -> None:
+    """Replace the state file beside the cap file ``path`` whole; a full disk must not stop the engine."""
+    if path is None:
+        return
+    tmp = f"{path}.state.{os.getpid()}.tmp"
+    with contextlib.suppress(OSError):
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({**state, "at": time.time()}, f)
+        os.replace(tmp, f"{path}.state")
 
 
 class LiveCapMixin:
@@ -176,8 +176,9 @@ def enable(scheduler: Any, about: dict[str, Any]) -> Any:
         why = (f"vLLM {about['vllm']}'s {about['scheduler']} has no "
                f"{', '.join(missing) or 'running list or schedule()'}")
         log.warning("pitstop live cap not enabled: %s; the engine keeps its startup limit", why)
-        startup = int(getattr(scheduler, "max_num_running_reqs", 0) or 0)
-        CapFile(os.environ.get(ENV_FILE), startup, about=about).write_state(active=False, reason=why)
+        startup = getattr(scheduler, "max_num_running_reqs", None)
+        write_state(os.environ.get(ENV_FILE), {**about, "active": False, "reason": why, "startup_limit": startup,
+                                               "cap": startup, "requested": None, "error": None})
         return scheduler
     if not about["tested"]:
         log.warning("pitstop live cap: vLLM %s is not among the versions it was tested on (%s)", about["vllm"],
