@@ -176,11 +176,14 @@ needs_py_spy = pytest.mark.skipif(PY_SPY is None, reason="py-spy is not installe
 @pytest.fixture
 def sleeper(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     script = tmp_path / "wedged.py"
-    script.write_text("import time\n\ndef wedged_engine_core():\n    while True:\n        time.sleep(0.05)\n\n"
+    script.write_text("import time\n\ndef wedged_engine_core():\n    while True:\n        time.sleep(60)\n\n"
                       "print('up', flush=True)\nwedged_engine_core()\n")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        # Asleep in its long wait (S), as a wedged engine sits: not caught between the print and the sleep.
+        wait_until(lambda: Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] == "S", 30,
+                   what="the sleeper asleep")
         yield proc
     finally:
         proc.kill()
