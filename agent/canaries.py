@@ -13,7 +13,10 @@ first: readiness goes off within seconds of a wedge (``agent/progress.py``), whi
 - a frozen API server: nothing answers, neither the canaries nor the reads. When the read begun with the round
   is still unanswered once its last canary failed (``wedge_canaries`` deadlines, 6 s at the defaults), the
   counter is not waited for: the engine has answered nothing for that long, to users either. A busy API server
-  answers its /metrics within seconds and is judged on the counter as always.
+  answers its /metrics within seconds and is judged on the counter as always. An API server that froze in the
+  middle of a round (its first read answered, the later ones not) has each later read waited for that same span
+  at most: unanswered, the counter is unreadable, and the verdict comes a span after the freeze, not a scrape
+  timeout or two.
 """
 
 from __future__ import annotations
@@ -91,13 +94,16 @@ class Canaries:
     def _done(self, name: str, _task: asyncio.Task[None]) -> None:
         self.in_flight.pop(name, None)
 
-    def _read_timeout(self, replica: Replica) -> float:
-        return max(replica.spec.probe_timeout, self.config.canary_timeout)
+    def _read_timeout(self) -> float:
+        """How long a counter read around a failed canary is waited for: as long as a verdict's canaries take
+        (6 s at the defaults). Unanswered that long, it is the silence of a frozen API server, unreadable, as
+        the round's own read is; waited out to the scrape's timeout, it held a verdict ten seconds and more."""
+        return self.config.wedge_canaries * self.config.canary_timeout
 
     def _counter(self, replica: Replica) -> asyncio.Task[float | None]:
         """The engine's generation-token counter, read now, beside whatever runs."""
         return asyncio.create_task(generation_tokens(self.client, self.metrics_urls[replica.spec.name],
-                                                     replica.model_name, self._read_timeout(replica)))
+                                                     replica.model_name, self._read_timeout()))
 
     async def _until_verdict(self, replica: Replica, before: asyncio.Future[float | None] | float | None) -> None:
         first, before_read = (before, before) if isinstance(before, asyncio.Future) else (None, _done_with(before))
@@ -120,7 +126,10 @@ class Canaries:
                 if silent:
                     evidence = CanaryEvidence(ok=False, error=result.error, silent=True)
                 else:
-                    evidence = CanaryEvidence(ok=False, tokens_before=await before_at, tokens_after=await after_at,
+                    # Without a "before" the counter cannot show progress: its "after" is not waited for.
+                    tokens_before = await before_at
+                    tokens_after = None if tokens_before is None else await after_at
+                    evidence = CanaryEvidence(ok=False, tokens_before=tokens_before, tokens_after=tokens_after,
                                               error=result.error)
                 replica.canary_observed(evidence)
             replica.progress.round_ended()

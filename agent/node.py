@@ -173,7 +173,10 @@ class Agent:
             running = self._collecting.get(name)
             if running is not None:
                 if not running.done():
-                    continue  # still reading this engine from an earlier pass: its figures land when it answers
+                    # Still reading this engine from an earlier pass: its figures land when it answers. Until
+                    # then the report says so rather than repeat the last figures (``EngineScraper.overdue``).
+                    replica.engine = self.scrapers[name].overdue() or replica.engine
+                    continue
                 running.result()  # a reading that raised fails the pass, as it would have in it
             task = asyncio.create_task(self._collect_replica(name, replica, reading.process_memory,
                                                              self.canaries.due(name)), name=f"collect-{name}")

@@ -8,6 +8,9 @@ Bounded on purpose: a body past 16 MiB is refused while it is read (``agent.plai
 repeats a series or holds more wanted samples than any engine sends is refused by the parser
 (``agent.engine_metrics``): an engine that streams without end costs the agent one capped read per scrape,
 never its memory, and a wrong body is an error on that replica, never a wrong number.
+
+A read still open a whole interval later (``overdue``) is reported as unread, not as the last figures: those
+figures, sent again in every report, would read as a counter standing still (docs/design.md, "Progress").
 """
 
 from __future__ import annotations
@@ -82,10 +85,12 @@ class EngineScraper:
         # error counter has not shown yet (``_own_errors`` carries them one window).
         self._own_seen = 0
         self._own_unmatched = 0.0
+        self.asked_at: float | None = None  # when the read in flight began (None: none is)
 
     async def scrape(self, own_aborts: int = 0) -> EngineSample:
         """One reading of the engine. ``own_aborts``: how many canaries the agent has cut at their deadline so
         far (a running count): the engine counts each as an aborted request, which is no user's error."""
+        self.asked_at = self.clock()
         try:
             # The same request every time: built once (httpx's URL and header merging is a third of a GET).
             if self._request is None:
@@ -101,11 +106,21 @@ class EngineScraper:
             self.errors_total += 1
             self.last = EngineSample(scrape_error=scrape_error(exc))
             return self.last
+        finally:
+            self.asked_at = None
         own = self._own_errors(snap, own_aborts)
         sample = engine_sample(snap, self.previous, is_stalled(snap, self.previous), own_errors=own)
         self.previous = snap
         self.last = sample
         return sample
+
+    def overdue(self) -> EngineSample | None:
+        """What to report while a read is still open from an earlier interval: no figures, and for how long it
+        has gone unanswered; None when no read is open."""
+        if self.asked_at is None:
+            return None
+        waited = self.clock() - self.asked_at
+        return EngineSample(scrape_error=f"engine /metrics unanswered for {waited:.1f}s (the read is still open)")
 
     async def _get(self, request: httpx.Request) -> tuple[bytes, str]:
         """The body of a 2xx answer to ``request`` and its text encoding; ``httpx.HTTPStatusError`` otherwise.

@@ -97,3 +97,27 @@ def test_a_late_canary_that_streamed_a_token_is_progress_whatever_the_counter(tm
     replica, _ = _judged(tmp_path, httpx.MockTransport(slow))
     assert replica.canary_ok is False and replica.canary_ttft is not None
     assert replica.progress.last is Progress.BUSY and replica.progress.streak == 0
+
+
+def test_an_api_server_that_froze_after_the_rounds_first_read_is_wedged_without_waiting_out_scrape_timeouts(
+        tmp_path: Path) -> None:
+    # The round's own /metrics read was answered; then the API server froze (its canary and every later read hang
+    # until the client's timeout, as a real transport ends them). Each later read is waited for as long as a
+    # verdict's canaries take, not the replica's 30 s probe timeout.
+    reads = 0
+    waited: list[float] = []
+
+    async def froze_after_one_read(request: httpx.Request) -> httpx.Response:
+        nonlocal reads
+        if request.url.path == "/metrics" and reads == 0:
+            reads += 1
+            return httpx.Response(200, text=render("m", generation_tokens=500.0))
+        timeout = request.extensions["timeout"]["read"]
+        waited.append(timeout)
+        await asyncio.sleep(timeout)
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    replica, _ = _judged(tmp_path, httpx.MockTransport(froze_after_one_read))
+    assert replica.wedged and replica.progress.last is Progress.WEDGED
+    # The canaries waited their deadline; the counter reads around them two deadlines at most.
+    assert waited and max(waited) <= 2 * CANARY_TIMEOUT, waited

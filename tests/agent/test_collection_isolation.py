@@ -69,3 +69,58 @@ def test_one_frozen_engine_of_eight_leaves_the_other_seven_read_every_pass(tmp_p
     # Five passes, each waiting half an interval (0.2 s) for the frozen engine at most: the scrape's own 10 s
     # timeout held every pass before.
     assert took < 5.0, took
+
+
+def test_a_read_still_open_an_interval_later_is_reported_as_unread_not_as_its_last_figures(tmp_path: Path) -> None:
+    # Reports go out more often than scrapes: one engine's last figures, sent again while its /metrics hangs,
+    # would read at the control plane as a counter standing still (a stall of a replica still READY).
+    frozen = asyncio.Event()
+    release = asyncio.Event()
+    served = 0
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal served
+        if frozen.is_set():
+            await release.wait()
+        if request.url.path == "/metrics":
+            served += 1
+            return httpx.Response(200, text=render("m", generation_tokens=100.0 * served))
+        return httpx.Response(200, content=SSE, headers={"content-type": "text/event-stream"})
+
+    config = AgentConfig.model_validate({
+        "node": "n1", "control_plane": None, "gpu_backend": "sim", "sim_gpu_dir": str(tmp_path / "simgpu"),
+        "sim_gpu_count": 1, "state_dir": str(tmp_path / "state"), "scrape_interval": 0.4, "canary_every": 0,
+        "replicas": [{"name": "r0", "model": "m", "url": "http://engine-0.test:8000"}]})
+
+    def reported(agent: Agent) -> tuple[float | None, str | None]:
+        [status] = agent.build_report().replicas
+        assert status.engine is not None
+        return status.engine.generation_tokens_total, status.engine.scrape_error
+
+    async def scenario() -> list[tuple[float | None, str | None]]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+            agent = Agent(config, client, SimGpuBackend(tmp_path / "simgpu", 1))
+            [replica] = agent.replicas.values()
+            replica.machine.to(ReplicaState.ATTACHED, "health 200")
+            seen = []
+            await agent.collect_once()
+            seen.append(reported(agent))
+            frozen.set()
+            await agent.collect_once()  # its read hangs: the pass goes on after half an interval
+            seen.append(reported(agent))
+            await agent.collect_once()  # an interval later the read is still open
+            seen.append(reported(agent))
+            frozen.clear()
+            release.set()
+            await agent.collect_once()  # the open read lands; the next pass reads again
+            await agent.collect_once()
+            seen.append(reported(agent))
+            for task in agent._collecting.values():
+                task.cancel()
+            return seen
+
+    first, hung, overdue, back = asyncio.run(scenario())
+    assert first == (100.0, None)
+    assert hung == (100.0, None)  # within its interval: the last reading stands, as for any slow engine
+    assert overdue[0] is None and overdue[1] is not None and "unanswered for" in overdue[1], overdue
+    assert back[0] is not None and back[0] > 100.0 and back[1] is None, back
