@@ -235,6 +235,9 @@ class ReplicaSupervisor:
         self.progress.reset()  # a new process has to prove itself again
         self._wedged_because = None
         self.in_flight_at_wedge = None
+        # The last canary was the old process's: reported on through the new one's start, a wedged engine's
+        # failed canary read as the new engine failing its canaries (and restarted it once it was READY).
+        self.canary_ok = self.canary_ttft = None
         argv = self.spec.argv(self.args)
         self.machine.to(S.STARTING, f"generation {self.generation}: {' '.join(argv)}")
         env = {**os.environ, **self.extra_env, **self.spec.env, **self.pidfile.announce(self.generation, self.args),

@@ -127,3 +127,19 @@ def test_the_agents_count_of_requests_in_flight_is_the_evidence_when_the_gauges_
     wedged = replica(history=history, state=ReplicaState.WEDGED, state_since=at(400))
     finding = detect_stall(STALL, wedged, at(520))
     assert finding is not None and finding.measured["requests_lost"] == 4
+
+
+def test_a_replica_ready_for_less_than_the_window_is_not_judged_on_readings_from_before_it_was_ready():
+    # As recorded after a stall restart: the new engine starting (no figures) while its agent still reported the
+    # wedged engine's last canary, failed, then READY with a few warm-up tokens. Not a new stall: the restart's.
+    cut = StallCondition.model_validate({"detector": "stall", "for": "10s"})
+    starting = healthy(24, interval=1.0, start=600, requests_running=None, requests_waiting=None,
+                       generation_tokens_total=None, generation_tokens_per_second=None, canary_ok=False,
+                       canary_ttft_seconds=None)
+    ready = healthy(2, interval=1.0, start=625, requests_running=0.0, requests_waiting=0.0,
+                    generation_tokens_total=8.0, generation_tokens_per_second=0.0, canary_ok=False,
+                    canary_ttft_seconds=None)
+    fresh = replica(history=healthy(590) + starting + ready, state_since=at(625))
+    assert detect_stall(cut, fresh, at(627)) is None
+    # The same readings from an engine READY all along are a stall.
+    assert detect_stall(cut, fresh.model_copy(update={"state_since": at(0)}), at(627)) is not None

@@ -120,6 +120,10 @@ def detect_stall(cond: StallCondition, replica: Replica, now: datetime) -> Findi
     else:
         if run is None:
             return None
+        if replica.state_since is not None and now - replica.state_since < timedelta(seconds=cond.for_):
+            # Serving for less than the window: the readings before it are of an engine starting (and the last
+            # canary an agent reported then may be the previous engine's), not of this one making no progress.
+            return None
         moved = tokens_moved(run)
         if moved is None or moved:
             return None  # tokens moving: busy or slow, never wedged
