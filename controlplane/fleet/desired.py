@@ -1,7 +1,8 @@
-"""Writing a node's desired state: new engine args, a restart, or stop/start of one replica.
+"""Writing a node's desired state: new engine args, a restart, stop/start of one replica, or its live cap.
 
 Every change that needs the engine restarted is a new generation (docs/design.md: ``--max-num-seqs`` and every
-scheduler flag are fixed at start); the agent converges on the highest generation it is told.
+scheduler flag are fixed at start); the agent converges on the highest generation it is told. The live cap is
+the exception by design: the engine's plug-in reads it while it runs, so it changes with no new generation.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ class DesiredChange(BaseModel):
     enabled: bool | None = None
     # True: run the same arguments again under a new generation (a scheduled restart against a slow leak).
     restart: bool = False
+    # The live cap on running requests (``live_limits: true`` replicas): given, even as None (no cap), it
+    # replaces the current one; left out, it stays. It needs no restart, so it makes no new generation.
+    live_cap: int | None = Field(default=None, ge=1, le=65536)
 
 
 class DesiredOut(ReplicaSpec):
@@ -51,6 +55,8 @@ def set_desired(*, session: Session, node: str, name: str, change: DesiredChange
         row.engine_args = list(change.engine_args)
     if change.enabled is not None:
         row.enabled = change.enabled
+    if "live_cap" in change.model_fields_set:
+        row.live_cap = change.live_cap
     row.updated_at = now
     session.flush()
     return _out(row)
@@ -65,7 +71,7 @@ def list_desired(*, session: Session, node: str | None = None) -> list[DesiredOu
 
 def _out(row: DesiredReplica) -> DesiredOut:
     return DesiredOut(node=row.node, name=row.name, generation=row.generation, engine_args=list(row.engine_args),
-                      enabled=row.enabled, updated_at=row.updated_at)
+                      enabled=row.enabled, live_cap=row.live_cap, updated_at=row.updated_at)
 
 
 def forget_node(*, session: Session, node: str) -> bool:

@@ -73,6 +73,8 @@ def replica_series_values(status: ReplicaStatus) -> dict[str, float]:
     max_num_seqs = get_int_flag(status.engine_args, MAX_NUM_SEQS)
     if max_num_seqs is not None:
         values["max_num_seqs"] = float(max_num_seqs)
+    if status.live_cap is not None:
+        values["live_cap"] = float(status.live_cap)  # the cap in effect: what a canary's readings ran under
     values["generation"] = float(status.generation)
     values["flags_key"] = float(flags_key(status.engine_args))
     return values
@@ -117,7 +119,7 @@ def _replica_rows(report: NodeReport, now: datetime) -> list[dict[str, Any]]:
         "engine_args": list(r.engine_args), "restarts_total": r.restarts_total, "state_since": r.state_since,
         "last_exit_code": r.last_exit_code, "log_tail": list(r.log_tail), "engine": _dump(r.engine),
         "process": _dump(r.process), "canary_ttft_seconds": r.canary_ttft_seconds, "canary_ok": r.canary_ok,
-        "updated_at": now,
+        "live_limits": _dump(r.live_limits), "updated_at": now,
     } for r in report.replicas]
 
 
@@ -187,7 +189,7 @@ _DELETE_REPLICAS = delete(_REPLICAS).where(_REPLICAS.c.node.in_(_NODES_IN))
 _INSERTS = {"gpus": insert(_GPUS).inline(), "replicas": insert(_REPLICAS).inline(),
             "samples": insert(_SAMPLES).inline(), "events": insert(_EVENTS).inline()}
 _DESIRED_OF = (select(_DESIRED.c.node, _DESIRED.c.name, _DESIRED.c.generation, _DESIRED.c.engine_args,
-                      _DESIRED.c.enabled, _DESIRED.c.capture_stack_generation)
+                      _DESIRED.c.enabled, _DESIRED.c.capture_stack_generation, _DESIRED.c.live_cap)
                .where(_DESIRED.c.node.in_(_NODES_IN)).order_by(_DESIRED.c.node, _DESIRED.c.name))
 _CORDONED = select(_NODES.c.name, _NODES.c.cordoned, _NODES.c.cordoned_gpus).where(_NODES.c.name.in_(_NODES_IN))
 # Fewer rows go as one pipelined INSERT each (one round trip); COPY costs two but far less per row.
@@ -273,7 +275,8 @@ def desired_state(*, session: Session, node: str, report_interval_seconds: float
 def _replica_spec(row: Any) -> ReplicaSpec:
     """One desired-replica row as the agent reads it; a stack dump is asked for the generation it was set for."""
     return ReplicaSpec(name=row.name, generation=row.generation, engine_args=list(row.engine_args),
-                       enabled=row.enabled, capture_stack=row.capture_stack_generation == row.generation)
+                       enabled=row.enabled, capture_stack=row.capture_stack_generation == row.generation,
+                       live_cap=row.live_cap)
 
 
 def _answer(node: str, fence: Any, specs: list[ReplicaSpec], report_interval_seconds: float | None) -> DesiredState:

@@ -25,6 +25,7 @@ class ActionKind(StrEnum):
     LOWER_MAX_NUM_SEQS = "lower_max_num_seqs"
     RAISE_MAX_NUM_SEQS = "raise_max_num_seqs"
     ADD_ENGINE_FLAG = "add_engine_flag"
+    SET_LIVE_CAP = "set_live_cap"
     CORDON = "cordon"
     UNCORDON = "uncordon"
     ALERT = "alert"
@@ -83,6 +84,10 @@ KINDS: dict[ActionKind, KindSpec] = {
                                             Role.OPERATOR, "rollout", True, governed=True),
     ActionKind.ADD_ENGINE_FLAG: KindSpec(payloads.AddEngineFlagPayload, True, True, _EVERY_GUARD, True, None,
                                          "rollout", True, governed=True),
+    # A live cap takes no replica out of rotation (no restart, no drain): every guardrail but the budget, and
+    # one change of a model's concurrency at a time, as the governor's restarts are.
+    ActionKind.SET_LIVE_CAP: KindSpec(payloads.SetLiveCapPayload, True, False, _CAPACITY_GUARDS, True,
+                                      Role.OPERATOR, "desired", True, governed=True),
     # A cordon fences capacity but stops nothing at once (the agent drains the fenced replicas): no budget.
     ActionKind.CORDON: KindSpec(payloads.CordonPayload, True, False, _CAPACITY_GUARDS, True, Role.OPERATOR,
                                 "node", True),

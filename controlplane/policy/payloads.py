@@ -251,6 +251,24 @@ class AddEngineFlagPayload(_NewArgs):
         return self.flag if self.value is None else f"{self.flag} {self.value}"
 
 
+class SetLiveCapPayload(Applied):
+    """Cap the requests a replica's engine runs at once, live, through its live-cap plug-in (``live_limits:
+    true``): no restart and no drain, the engine takes it at its next scheduler step. ``live_cap`` None lifts
+    the cap (the engine's startup ``--max-num-seqs`` again); ``previous`` is the cap it had (None: none).
+    ``applied`` keeps each replica's generation when it was written: a restart since does not undo the cap
+    (the agent writes it for the new engine too), and the change is judged on the agent's report of it."""
+
+    NULLABLE: ClassVar[frozenset[str]] = frozenset({"live_cap"})  # required, and null lifts the cap
+
+    kind: Literal["set_live_cap"] = Field("set_live_cap", exclude=True)
+    live_cap: int | None = Field(ge=1, le=65536)
+    previous: int | None = Field(default=None, ge=1, le=65536)
+
+    @property
+    def change(self) -> str:
+        return "the live cap lifted" if self.live_cap is None else f"a live cap of {self.live_cap}"
+
+
 class CordonPayload(_Payload):
     """Fence a node, or with ``scope: gpu`` one GPU of it (only the replicas using it drain), or give it back."""
 
@@ -270,7 +288,7 @@ class AlertPayload(_Payload):
 
 Payload = Annotated[
     RestartPayload | PlannedRestartPayload | DrainPayload | RollingRestartPayload | SetFlagsPayload
-    | MaxNumSeqsPayload | AddEngineFlagPayload | CordonPayload | AlertPayload,
+    | MaxNumSeqsPayload | AddEngineFlagPayload | SetLiveCapPayload | CordonPayload | AlertPayload,
     Field(discriminator="kind"),
 ]
 NewArgsPayload = SetFlagsPayload | MaxNumSeqsPayload | AddEngineFlagPayload

@@ -27,6 +27,7 @@ from agent.wire import ReplicaState
 from controlplane.fleet.desired import DesiredChange, set_desired
 from controlplane.policy.kinds import spec
 from controlplane.policy.lifecycle import ActionState
+from controlplane.policy.live_cap import cap_progress, reported
 from controlplane.policy.payloads import (
     AddEngineFlagPayload,
     AlertPayload,
@@ -41,6 +42,7 @@ from controlplane.policy.payloads import (
     RestartPayload,
     RollingRestartPayload,
     SetFlagsPayload,
+    SetLiveCapPayload,
 )
 from controlplane.policy.rollout import RolloutSettings, fatal_reason, is_rollout, progress
 from controlplane.policy.snapshot import split_key
@@ -77,6 +79,8 @@ def _apply_replicas(session: Session, row: ActionRow, payload: Payload, now: dat
             change = DesiredChange(restart=True, enabled=True)
         elif isinstance(payload, DrainPayload):
             change = DesiredChange(enabled=False)
+        elif isinstance(payload, SetLiveCapPayload):
+            change = DesiredChange(live_cap=payload.live_cap)  # given, even None: it replaces the cap
         elif isinstance(payload, SetFlagsPayload | MaxNumSeqsPayload | AddEngineFlagPayload):
             replica = session.get(Replica, (node, name))
             if key not in payload.engine_args and replica is None:
@@ -91,7 +95,7 @@ def _apply_replicas(session: Session, row: ActionRow, payload: Payload, now: dat
         applied[key] = None if isinstance(payload, DrainPayload) else out.generation
     if isinstance(payload, Applied):
         write_payload(row, payload.model_copy(update={"applied": applied}), now)
-    if len(applied) == 1:
+    if len(applied) == 1 and not isinstance(payload, SetLiveCapPayload):  # a live cap makes no new generation
         row.expected_generation = next(iter(applied.values()))
     return None
 
@@ -211,6 +215,27 @@ def judge(applied: Mapping[str, int | None], replicas: Mapping[str, Replica | No
     return None
 
 
+def judge_live_cap(cap: int | None, keys: list[str], replicas: Mapping[str, Replica | None],
+                   started_at: datetime | None, now: datetime,
+                   deadline: timedelta) -> tuple[ActionState, str] | None:
+    """Pure: (final state, outcome) for a running ``set_live_cap`` given the replicas as last reported, or None."""
+    pending = []
+    for key in keys:
+        replica = replicas.get(key)
+        where, why = cap_progress(key, None if replica is None else replica.state,
+                                  None if replica is None else reported(replica.live_limits), cap)
+        if where == "fatal":
+            return S.FAILED, why or f"{key} cannot take a live cap"
+        if where == "pending":
+            pending.append(key)
+    if not pending:
+        what = "no live cap" if cap is None else f"live cap {cap}"
+        return S.SUCCEEDED, f"{what} written for {', '.join(keys)}: taken at the engine's next step, no restart"
+    if started_at is not None and now - started_at > deadline:
+        return S.FAILED, f"deadline of {deadline.total_seconds():g}s passed; waiting on {', '.join(pending)}"
+    return None
+
+
 def reconcile(*, session: Session, now: datetime, deadline: timedelta,
               settings: RolloutSettings | None = None) -> dict[int, str]:
     """Finish running actions whose replicas converged or failed, advance rollouts; {action id: new state}."""
@@ -228,6 +253,10 @@ def reconcile(*, session: Session, now: datetime, deadline: timedelta,
             assert isinstance(payload, RollingRestartPayload | SetFlagsPayload | MaxNumSeqsPayload
                               | AddEngineFlagPayload)
             verdict = rollout.advance(session=session, row=row, payload=payload, now=now, settings=settings)
+        elif isinstance(payload, SetLiveCapPayload):
+            keys = list(row.replicas)
+            verdict = judge_live_cap(payload.live_cap, keys, {k: session.get(Replica, split_key(k)) for k in keys},
+                                     row.started_at, now, deadline)
         else:
             applied = (payload.applied if isinstance(payload, Applied) else None) or {}
             captured = payload.captured if isinstance(payload, RestartPayload | PlannedRestartPayload) else None

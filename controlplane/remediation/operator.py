@@ -1,6 +1,6 @@
-"""An operator's request to act (restart, drain, set engine flags, cordon, uncordon, a model's rolling restart) as
-an action record, or, with ``dry_run``, a preview of what the guardrails would decide and its blast radius
-(``remediation.preview``), with nothing recorded.
+"""An operator's request to act (restart, drain, set engine flags or a live cap, cordon, uncordon, a model's
+rolling restart) as an action record, or, with ``dry_run``, a preview of what the guardrails would decide and
+its blast radius (``remediation.preview``), with nothing recorded.
 
 The request goes through the same guardrails as an automatic action (``guardrails.decide``), as the
 pseudo-policy ``operator`` with the default per-policy guardrails, each kind as itself (``policy.kinds``): it
@@ -23,6 +23,7 @@ from controlplane.policy.engine_args import MAX_NUM_SEQS, get_int_flag
 from controlplane.policy.guardrails import Decision, GuardConfig, Verdict, decide
 from controlplane.policy.kinds import KINDS, ActionKind
 from controlplane.policy.lifecycle import OPEN, ActionState
+from controlplane.policy.live_cap import above_startup, reported, unavailable
 from controlplane.policy.payloads import (
     CordonPayload,
     DrainPayload,
@@ -32,6 +33,7 @@ from controlplane.policy.payloads import (
     RestartPayload,
     RollingRestartPayload,
     SetFlagsPayload,
+    SetLiveCapPayload,
 )
 from controlplane.policy.proposals import ProposedAction, Target
 from controlplane.remediation.preview import ActionPreview, preview
@@ -49,9 +51,12 @@ _NO_HISTORY = timedelta(0)
 
 
 class ReplicaActionRequest(BaseModel):
-    kind: Literal["restart", "drain", "set_flags"]
+    kind: Literal["restart", "drain", "set_flags", "set_live_cap"]
     # set_flags: the full argument list the engine restarts with.
     engine_args: list[str] | None = Field(default=None, max_length=256)
+    # set_live_cap: the most requests the engine runs at once, from its next step, with no restart (its
+    # startup --max-num-seqs at most); null lifts the cap. Only for a replica with live limits active.
+    live_cap: int | None = Field(default=None, ge=1, le=65536)
     reason: str = Field(default="", max_length=2000)
     force: bool = False
 
@@ -59,6 +64,10 @@ class ReplicaActionRequest(BaseModel):
     def _flags_given(self) -> ReplicaActionRequest:
         if (self.kind == "set_flags") != (self.engine_args is not None):
             raise ValueError("engine_args is required for set_flags and only for set_flags")
+        # Given as null is a value (lift the cap): what was sent decides, not what it holds.
+        if (self.kind == "set_live_cap") != ("live_cap" in self.model_fields_set):
+            raise ValueError("live_cap (a number, or null to lift the cap) is required for set_live_cap and only "
+                             "for set_live_cap")
         return self
 
 
@@ -141,6 +150,8 @@ def replica_proposal(*, session: Session, node: str, name: str, request: Replica
     if request.kind == "set_flags":
         assert request.engine_args is not None  # the request's validator guarantees it
         payload = SetFlagsPayload(engine_args={key: list(request.engine_args)})
+    elif request.kind == "set_live_cap":
+        payload = _live_cap_payload(session, replica, key, request.live_cap)
     else:
         payload = DrainPayload() if request.kind == "drain" else RestartPayload()
     return ProposedAction(
@@ -148,6 +159,24 @@ def replica_proposal(*, session: Session, node: str, name: str, request: Replica
         payload=payload, replicas=[key], model=replica.model,
         reason=request.reason or f"{request.kind} requested by {who}",
     )
+
+
+def _live_cap_payload(session: Session, replica: Replica, key: str, cap: int | None) -> SetLiveCapPayload:
+    """A live cap for one replica whose plug-in is active, within its startup limit; one change of the model's
+    concurrency at a time, as the governor's own."""
+    limits = reported(replica.live_limits)
+    problem = unavailable(key, limits)
+    if problem is None:
+        assert limits is not None
+        problem = above_startup(key, limits, cap)
+    if problem is not None:
+        raise Conflict(problem)
+    assert limits is not None
+    if cap == limits.asked:
+        raise Conflict(f"{key} already has {'no live cap' if cap is None else f'a live cap of {cap}'}: nothing to "
+                       "change")
+    _governed_open(session, replica.model)
+    return SetLiveCapPayload(live_cap=cap, previous=limits.asked)
 
 
 def _governed_open(session: Session, model: str) -> None:

@@ -98,6 +98,10 @@ class AddEngineFlagActionOut(ActionOutBase[p.AddEngineFlagPayload]):
     kind: Literal["add_engine_flag"]
 
 
+class SetLiveCapActionOut(ActionOutBase[p.SetLiveCapPayload]):
+    kind: Literal["set_live_cap"]
+
+
 class CordonActionOut(ActionOutBase[p.CordonPayload]):
     kind: Literal["cordon", "uncordon"]
 
@@ -116,10 +120,10 @@ class UnreadableActionOut(_Common):
 
 # What the API serves for an action: typed per kind, so the schema documents each kind's payload.
 _TYPED = (RestartActionOut, PlannedRestartActionOut, DrainActionOut, RollingRestartActionOut, SetFlagsActionOut,
-          MaxNumSeqsActionOut, AddEngineFlagActionOut, CordonActionOut, AlertActionOut)
+          MaxNumSeqsActionOut, AddEngineFlagActionOut, SetLiveCapActionOut, CordonActionOut, AlertActionOut)
 ActionOut = Annotated[
     RestartActionOut | PlannedRestartActionOut | DrainActionOut | RollingRestartActionOut | SetFlagsActionOut
-    | MaxNumSeqsActionOut | AddEngineFlagActionOut | CordonActionOut | AlertActionOut,
+    | MaxNumSeqsActionOut | AddEngineFlagActionOut | SetLiveCapActionOut | CordonActionOut | AlertActionOut,
     Field(discriminator="kind"),
 ] | UnreadableActionOut
 

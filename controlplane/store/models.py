@@ -85,6 +85,9 @@ class Replica(Base):
     process: Mapped[dict[str, Any] | None]
     canary_ttft_seconds: Mapped[float | None]
     canary_ok: Mapped[bool | None]
+    # The live-cap plug-in as the agent last reported it (``agent.wire.LiveLimits``); None: live limits off,
+    # or an agent that predates them.
+    live_limits: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     updated_at: Mapped[datetime]
 
 
@@ -135,6 +138,9 @@ class DesiredReplica(Base):
     # The generation whose restart asks the agent for a stack dump of the engine it replaces (a stall's
     # restart); a later generation, written by anything else, no longer matches and asks for none.
     capture_stack_generation: Mapped[int | None] = mapped_column(default=None)
+    # The live cap on running requests asked of the engine's plug-in (None: none); no generation of its own,
+    # since it needs no restart.
+    live_cap: Mapped[int | None] = mapped_column(default=None)
 
 
 class ActionRow(Base):

@@ -69,3 +69,30 @@ def test_0006_adds_gpu_cordons_and_stack_dump_asks_and_goes_back_down(db_url: st
             assert conn.execute(text("SELECT name, generation FROM desired_replicas")).all() == [("r0", 3)]
     finally:
         engine.dispose()
+
+
+def test_0010_adds_live_caps_without_touching_the_fleet_and_goes_back_down(db_url: str) -> None:
+    engine = make_engine(db_url)
+    try:
+        migrate(engine, "0009")
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO nodes (name, hostname, agent_version, first_seen_at, last_report_at, last_sent_at, "
+                "last_sequence, reports_total, status, cordoned) VALUES ('gpu-a', 'h', '0.1', "
+                "'2026-11-29 12:00:00', '2026-11-29 12:00:00', '2026-11-29 12:00:00', 7, 7, 'up', false)"))
+            conn.execute(text(
+                "INSERT INTO desired_replicas (node, name, generation, engine_args, enabled, updated_at) "
+                "VALUES ('gpu-a', 'r0', 3, '[\"--max-num-seqs\", \"64\"]', true, '2026-11-29 12:00:00')"))
+        migrate(engine, "0010")
+        with engine.begin() as conn:
+            # An existing wish means no cap: the engine keeps its startup limit, and nothing restarts.
+            assert conn.execute(text("SELECT generation, live_cap FROM desired_replicas")).one() == (3, None)
+            conn.execute(text("UPDATE desired_replicas SET live_cap = 16"))
+        assert "live_limits" in {c["name"] for c in inspect(engine).get_columns("replicas")}
+        downgrade(engine, "0009")
+        assert "live_cap" not in {c["name"] for c in inspect(engine).get_columns("desired_replicas")}
+        assert "live_limits" not in {c["name"] for c in inspect(engine).get_columns("replicas")}
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT name, generation FROM desired_replicas")).all() == [("r0", 3)]
+    finally:
+        engine.dispose()

@@ -27,6 +27,7 @@ from controlplane.policy.payloads import (
     RollingRestartPayload,
     RolloutPlan,
     SetFlagsPayload,
+    SetLiveCapPayload,
     parse_payload,
     payload_json,
 )
@@ -62,6 +63,7 @@ EXAMPLES: dict[ActionKind, BaseModel] = {
     ActionKind.ADD_ENGINE_FLAG: AddEngineFlagPayload(
         flag="--kv-cache-dtype", value="fp8", rung=2, multi_gpu=True, max_num_seqs=64, canary=True,
         judge=Judge(baseline="same_args", min_latency_gain=0.1), rollout=PLAN),
+    ActionKind.SET_LIVE_CAP: SetLiveCapPayload(live_cap=None, previous=16, applied={"gpu-a/r0": 3}),
     ActionKind.CORDON: CordonPayload(kind="cordon", scope="gpu", gpu=3),
     ActionKind.UNCORDON: CordonPayload(kind="uncordon"),
     ActionKind.ALERT: AlertPayload(severity="page", governed=True, runbook_url="runbooks/crash-loop.md"),
@@ -73,6 +75,7 @@ MINIMAL: dict[ActionKind, dict[str, Any]] = {
     ActionKind.LOWER_MAX_NUM_SEQS: {"max_num_seqs": 32, "previous": 64},
     ActionKind.RAISE_MAX_NUM_SEQS: {"max_num_seqs": 128, "previous": 64},
     ActionKind.ADD_ENGINE_FLAG: {"flag": "--enable-chunked-prefill", "rung": 1, "max_num_seqs": 64},
+    ActionKind.SET_LIVE_CAP: {"live_cap": 16},
 }
 
 

@@ -88,6 +88,8 @@ EXAMPLES: dict[ActionKind, tuple[BaseModel, Target, type[BaseModel]]] = {
     ActionKind.ADD_ENGINE_FLAG: (p.AddEngineFlagPayload(flag="--enable-chunked-prefill", rung=1, max_num_seqs=64,
                                                         canary=True, judge=p.Judge(baseline="same_args")),
                                  replica_target(), records.AddEngineFlagActionOut),
+    ActionKind.SET_LIVE_CAP: (p.SetLiveCapPayload(live_cap=16, previous=32), replica_target(),
+                              records.SetLiveCapActionOut),
     ActionKind.CORDON: (p.CordonPayload(kind="cordon", scope="gpu", gpu=3),
                         Target(kind="gpu", node="gpu-a", gpu=3), records.CordonActionOut),
     ActionKind.UNCORDON: (p.CordonPayload(kind="uncordon"), Target(kind="node", node="gpu-a"), records.CordonActionOut),
