@@ -107,9 +107,11 @@ def test_governor_meets_the_itl_slo_on_real_processes_by_lowering_max_num_seqs(t
     lowered = [a for a in gov["actions"] if a["kind"] == "lower_max_num_seqs"]
     assert lowered and lowered[0]["policy"] == "itl-slo" and lowered[0]["max_num_seqs"] < 256, gov["actions"]
     assert all(a["kind"] == "alert" for a in gov["actions"] if a["policy"] == "ttft-slo")
-    # Both replicas end below 256 and the SLO, read the policy's way, was met on both.
-    assert all(v is not None and v < 256 for v in gov["settled_values"].values()), gov
-    assert gov["slo_first_met_s"] is not None, gov
+    # Both replicas end below 256 and the SLO, read the policy's way, was met on both to the end: the run lasts
+    # until that outcome is in (or its 300 s), however long a busy host takes to restart the engines.
+    summary = {k: v for k, v in gov.items() if k not in ("series", "actions")}
+    assert all(v is not None and v < 256 for v in gov["settled_values"].values()), summary
+    assert gov["slo_first_met_s"] is not None and gov["slo_met_s"] is not None, summary
     assert real["static"]["throughput"] and gov["throughput_settled"], real
 
 
