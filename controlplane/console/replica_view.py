@@ -62,6 +62,20 @@ def key(r: Json) -> str:
     return f"{r['node']}/{r['name']}"
 
 
+def live_cap_text(limits: Json | None) -> str:
+    """The live cap as a cell: "32 of 64" (the cap asked of the engine's startup limit; "taking" until the engine's
+    next step has it), "not active: why", or nothing where live limits are off."""
+    if not limits:
+        return ""
+    if not limits.get("active"):
+        return f"not active: {limits.get('reason') or 'no reason given'}"
+    startup = limits.get("startup_limit")
+    asked = limits.get("asked")
+    want = startup if asked is None else asked if startup is None else min(asked, startup)
+    taking = limits.get("cap") is not None and want is not None and limits.get("cap") != want
+    return f"{want} of {startup}" + (" (taking)" if taking else "")
+
+
 def table_rows(replicas: Sequence[Json]) -> list[dict[str, Any]]:
     """One row per replica; uptime is as of its last report (a quiet node's replicas do not age on)."""
     rows = []
@@ -79,6 +93,7 @@ def table_rows(replicas: Sequence[Json]) -> list[dict[str, Any]]:
             "TTFT p99 ms": _ms(engine.get("ttft_p99_seconds")), "ITL p99 ms": _ms(engine.get("itl_p99_seconds")),
             "queue": engine.get("requests_waiting"), "KV %": _pct(engine.get("kv_cache_usage_ratio")),
             "RSS MiB": None if rss is None else round(rss / MIB), "restarts": r.get("restarts_total", 0),
+            "live cap": live_cap_text(r.get("live_limits")),
             "uptime": age_text((now - since).total_seconds()) if since and now and r["state"] in RUNNING else "",
             # Last: a long flag list would push the readings out of sight.
             "engine flags": " ".join(r.get("engine_args") or []),

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Row, func, select
 from sqlalchemy.orm import Session
 
-from agent.wire import EngineSample, ProcessSample, bounded, salvage
+from agent.wire import EngineSample, LiveLimits, ProcessSample, bounded, salvage
 from controlplane.fleet.schemas import EventOut, GpuOut, NodeDetail, NodeOut, NodeStatus, ReplicaOut, SampleOut
 from controlplane.fleet.summary import FIGURES, ReplicaFigures
 from controlplane.store.models import Gpu, Node, Replica, ReplicaEventRow, Sample
@@ -75,6 +75,7 @@ def _replica_out(r: Replica, status: NodeStatus) -> ReplicaOut:
         engine=None if r.engine is None else salvage(EngineSample, r.engine),
         process=None if r.process is None else salvage(ProcessSample, r.process),
         canary_ttft_seconds=r.canary_ttft_seconds, canary_ok=r.canary_ok, updated_at=r.updated_at,
+        live_limits=None if r.live_limits is None else salvage(LiveLimits, r.live_limits),
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
+from agent.wire import LiveLimits, salvage
 from controlplane.fleet.queries import Match, node_status, reading, replica_filters
 from controlplane.fleet.schemas import (
     EngineColumns,
@@ -52,7 +53,7 @@ MAX_LIMIT = 1000
 MAX_TEXT = 200
 _ROW = (Replica.node, Replica.name, Replica.model, Replica.state, Replica.ready, Replica.generation, Replica.gpus,
         Replica.engine_args, Replica.restarts_total, Replica.state_since, Replica.updated_at, Replica.engine,
-        Replica.process)
+        Replica.process, Replica.live_limits)
 
 
 def _matches(row: Sequence[Any], needle: str) -> bool:
@@ -124,7 +125,8 @@ def table_rows(*, session: Session, now: datetime, stale_after: timedelta,
             node=r.node, node_status=status, name=r.name, model=r.model, state=r.state, ready=r.ready,
             generation=r.generation, gpus=list(r.gpus or ()), engine_args=list(r.engine_args or ()),
             restarts_total=r.restarts_total, state_since=r.state_since, updated_at=r.updated_at,
-            engine=_engine(r.engine), process=_process(r.process)))
+            engine=_engine(r.engine), process=_process(r.process),
+            live_limits=None if r.live_limits is None else salvage(LiveLimits, r.live_limits)))
     return rows
 
 

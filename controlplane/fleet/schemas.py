@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agent.wire import EngineSample, ProcessSample
+from agent.wire import EngineSample, LiveLimits, ProcessSample
 
 
 class NodeStatus(StrEnum):
@@ -79,6 +79,8 @@ class ReplicaOut(BaseModel):
     process: ProcessSample | None
     canary_ttft_seconds: float | None
     canary_ok: bool | None
+    # The live-cap plug-in as the agent last reported it (None: live limits off).
+    live_limits: LiveLimits | None = None
     updated_at: datetime
 
 
@@ -115,6 +117,7 @@ class ReplicaRow(BaseModel):
     updated_at: datetime
     engine: EngineColumns | None
     process: ProcessColumns | None
+    live_limits: LiveLimits | None = None
 
 
 class ReplicaFacets(BaseModel):

@@ -203,3 +203,18 @@ def test_a_gpus_temperature_is_drawn_against_its_own_slowdown() -> None:
     assert unknown.limit is None and "reports no slowdown threshold" in unknown.title
     quiet = replica_view.temperature_chart(1, [{"at": "2026-11-29T12:00:00+00:00", "values": {}}], None)
     assert not quiet.points and quiet.empty == "No temperature recorded for GPU 1 in this window."
+
+
+def test_the_replicas_table_says_each_live_cap_and_whether_the_engine_has_taken_it() -> None:
+    def row(limits: dict[str, object] | None) -> str:
+        [r] = replica_view.table_rows([{"node": "a", "name": "r0", "model": "m", "state": "READY",
+                                        "live_limits": limits}])
+        return str(r["live cap"])
+
+    assert row(None) == ""  # live limits off: nothing to say
+    assert row({"active": True, "startup_limit": 64, "asked": 16, "cap": 16}) == "16 of 64"
+    assert row({"active": True, "startup_limit": 64, "asked": None, "cap": 64}) == "64 of 64"
+    # Asked, and the engine has not stepped since (an idle engine takes it with its next request).
+    assert row({"active": True, "startup_limit": 64, "asked": 16, "cap": 64}) == "16 of 64 (taking)"
+    assert row({"active": False, "reason": "this vLLM's scheduler lacks max_num_active_reqs"}) == (
+        "not active: this vLLM's scheduler lacks max_num_active_reqs")
