@@ -1,10 +1,13 @@
 """The max-num-seqs governor: lower under SLO pressure, canary first; raise again with hysteresis.
 
 vLLM fixes --max-num-seqs at start (docs/design.md: every scheduler flag), so each step is a restart with new
-arguments. Lowering goes to one replica first; once that canary has met the SLO for the condition's
-duration, its value is promoted to the model's other breaching replicas. Raising waits until the SLO has
-been met with margin for longer (``raise.for``) and never returns to a value that broke the SLO within
-``raise.remember`` — so the fleet settles on the largest value that meets the SLO instead of oscillating.
+arguments, except where the model's replicas run the live-cap plug-in (``live_limits: true``, active): there a
+step within the engines' startup limit is a live cap (``set_live_cap``), no restart and no drain, and only a
+step above it (a raise past the startup value) restarts, lifting the cap. Lowering goes to one replica first;
+once that canary has met the SLO for the condition's duration, its value is promoted to the model's other
+breaching replicas. Raising waits until the SLO has been met with margin for longer (``raise.for``) and never
+returns to a value that broke the SLO within ``raise.remember`` — so the fleet settles on the largest value that
+meets the SLO instead of oscillating.
 
 How far to lower (``step``):
 
@@ -49,7 +52,7 @@ from controlplane.policy.detectors.slo import OPS, detect_threshold, signal_hold
 from controlplane.policy.durations import format_duration
 from controlplane.policy.kinds import ActionKind
 from controlplane.policy.memory import breach_ceiling
-from controlplane.policy.payloads import AlertPayload, Judge, MaxNumSeqsPayload
+from controlplane.policy.payloads import AlertPayload, Judge, MaxNumSeqsPayload, SetLiveCapPayload
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target, replica_target
 from controlplane.policy.rungs import at_generation, past_max_num_seqs
@@ -140,27 +143,45 @@ def throughput_ratio(replica: Replica, peers: Sequence[Replica], cur: dict[str, 
 
 
 def current_value(replica: Replica, action: LowerMaxNumSeqsAction) -> int:
-    return replica.max_num_seqs or action.assumed_default
+    """The running limit the governor steps from: the live cap asked (live limits active), else --max-num-seqs."""
+    return replica.running_limit or action.assumed_default
 
 
 def at_value(replica: Replica, value: int) -> list[ReplicaSample]:
     """History read while the engine ran with ``value`` and its other flags as now (samples of an older value,
-    or from before a flag rung, say nothing about it)."""
+    or from before a flag rung, say nothing about it); the value a reading ran under is its live cap where one
+    was in effect."""
     key = replica.flags_key
-    return [s for s in replica.history if s.max_num_seqs in (None, value) and s.flags_key in (None, key)]
+    return [s for s in replica.history if s.running_limit in (None, value) and s.flags_key in (None, key)]
+
+
+def live_step(replicas: Sequence[Replica], value: int) -> bool:
+    """Whether a step to ``value`` is a live cap on every one of ``replicas`` (their plug-ins active, and the
+    value within each engine's startup limit), rather than a restart with a new --max-num-seqs."""
+    return all(r.live and r.live_limits is not None and r.live_limits.startup_limit is not None
+               and value <= r.live_limits.startup_limit for r in replicas)
 
 
 def _change(policy: Policy, action: LowerMaxNumSeqsAction, kind: str, replicas: Sequence[Replica], value: int,
             previous: int, reason: str, findings: list[Finding], target: Target) -> ProposedAction:
+    # One replica is a canary (when the policy says so): judged beside its peers, then rolled to them. What it
+    # is judged on: the governed signal (TTFT is expected to rise when the batch shrinks under load; ttft-slo
+    # alerts on it), and how much throughput a lowering may cost.
+    canary = action.canary and target.kind == "replica"
+    judge = (Judge(latencies=[policy.condition.signal], max_throughput_drop=action.max_throughput_drop)
+             if isinstance(policy.condition, ThresholdCondition) else None)
+    if live_step(replicas, value):
+        # No restart, no drain: the engines' plug-ins take the cap at their next step (docs/design.md, "Live cap").
+        first = replicas[0].live_limits
+        assert first is not None
+        live = SetLiveCapPayload(live_cap=value, previous=first.asked, canary=canary, judge=judge)
+        return ProposedAction(
+            policy=policy.name, target=target, payload=live, replicas=[r.key for r in replicas],
+            model=replicas[0].model, reason=f"{reason}, as a live cap (no restart)", findings=findings,
+            runbook_url=policy.runbook_url)
     change = MaxNumSeqsPayload(
         kind=ActionKind.LOWER_MAX_NUM_SEQS if kind == "lower" else ActionKind.RAISE_MAX_NUM_SEQS, max_num_seqs=value,
-        previous=previous,
-        # One replica is a canary (when the policy says so): judged beside its peers, then rolled to them.
-        canary=action.canary and target.kind == "replica",
-        # What the canary is judged on: the governed signal (TTFT is expected to rise when the batch shrinks
-        # under load; ttft-slo alerts on it), and how much throughput a lowering may cost.
-        judge=(Judge(latencies=[policy.condition.signal], max_throughput_drop=action.max_throughput_drop)
-               if isinstance(policy.condition, ThresholdCondition) else None))
+        previous=previous, canary=canary, judge=judge)
     args = {r.key: change.derive(r.engine_args) for r in replicas}
     return ProposedAction(
         policy=policy.name, target=target, payload=change.model_copy(update={"engine_args": args}),

@@ -54,9 +54,10 @@ def breach_ceiling(replicas: Sequence[Replica], conds: Sequence[ThresholdConditi
         # Only readings under the flags it runs now: a value that broke the SLO before a flag rung may meet it.
         key = replica.flags_key
         history = [s for s in replica.history if s.flags_key in (None, key)]
-        values = {s.max_num_seqs for s in history if s.max_num_seqs is not None and s.at >= since}
+        # The running limit each reading ran under: a live cap where one was in effect, else --max-num-seqs.
+        values = {v for s in history if (v := s.running_limit) is not None and s.at >= since}
         for value in values:
-            samples = [s for s in history if s.max_num_seqs == value and since <= s.at <= now]
+            samples = [s for s in history if s.running_limit == value and since <= s.at <= now]
             if any(_broke(samples, cond) for cond in conds):
                 bad.append(value)
     return min(bad) if bad else None

@@ -254,15 +254,24 @@ class AddEngineFlagPayload(_NewArgs):
 class SetLiveCapPayload(Applied):
     """Cap the requests a replica's engine runs at once, live, through its live-cap plug-in (``live_limits:
     true``): no restart and no drain, the engine takes it at its next scheduler step. ``live_cap`` None lifts
-    the cap (the engine's startup ``--max-num-seqs`` again); ``previous`` is the cap it had (None: none).
-    ``applied`` keeps each replica's generation when it was written: a restart since does not undo the cap
-    (the agent writes it for the new engine too), and the change is judged on the agent's report of it."""
+    the cap (the engine's startup ``--max-num-seqs`` again); ``previous`` is the cap the first replica had
+    (None: none), which a canary that fails gets back. ``applied`` keeps each replica's generation when it was
+    written: a restart since does not undo the cap (the agent writes it for the new engine too), and the change
+    is judged on the agent's report of it. The governor's live step is a canary (``canary``, ``judge``) rolled
+    to the model's other replicas as its restarts are (``rollout``)."""
 
     NULLABLE: ClassVar[frozenset[str]] = frozenset({"live_cap"})  # required, and null lifts the cap
 
     kind: Literal["set_live_cap"] = Field("set_live_cap", exclude=True)
     live_cap: int | None = Field(ge=1, le=65536)
     previous: int | None = Field(default=None, ge=1, le=65536)
+    canary: bool = False
+    judge: Judge | None = None
+    rollout: RolloutPlan | None = None
+
+    def needs(self, asked: int | None) -> bool:
+        """Whether an engine whose agent last wrote ``asked`` still lacks this cap."""
+        return asked != self.live_cap
 
     @property
     def change(self) -> str:

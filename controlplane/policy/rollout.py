@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
-from agent.wire import ReplicaState
+from agent.wire import LiveLimits, ReplicaState
 from controlplane.policy.canary import LATENCIES, judge_canary
 from controlplane.policy.guardrails import GuardConfig
 from controlplane.policy.lifecycle import ActionState
+from controlplane.policy.live_cap import cap_progress
 from controlplane.policy.payloads import (
     AddEngineFlagPayload,
     CanaryVerdictRecord,
@@ -41,9 +42,11 @@ from controlplane.policy.payloads import (
     Payload,
     RollingRestartPayload,
     RolloutPlan,
+    SetLiveCapPayload,
 )
 
-RolloutPayload = RollingRestartPayload | NewArgsPayload
+RolloutPayload = RollingRestartPayload | NewArgsPayload | SetLiveCapPayload
+CanaryPayload = NewArgsPayload | SetLiveCapPayload
 Verdict = tuple[ActionState, str]
 Values = Mapping[str, Any]
 
@@ -100,6 +103,8 @@ class ReplicaView:
     last_exit_code: int | None = None
     # The generation last asked of it (desired state): a new one is above both.
     desired_generation: int | None = None
+    # Its live-cap plug-in as reported (None: live limits off).
+    live_limits: LiveLimits | None = None
 
     @property
     def serving(self) -> bool:
@@ -130,10 +135,15 @@ class RolloutSettings:
 
 @dataclass(frozen=True)
 class DesiredWrite:
-    """One desired-state change for the caller to write: ``engine_args`` None restarts the same arguments."""
+    """One desired-state change for the caller to write: ``engine_args`` None restarts the same arguments;
+    ``live``: only the live cap, to ``live_cap``, with no restart; ``lift_cap``: a restart with a new
+    --max-num-seqs, which is then the whole limit (no live cap stays to hold it lower)."""
 
     key: str
     engine_args: list[str] | None
+    live: bool = False
+    live_cap: int | None = None
+    lift_cap: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,7 +157,7 @@ def is_rollout(payload: Payload, replicas: Sequence[str]) -> bool:
     """Whether the rollout runs this action: rolling restarts, multi-replica argument changes, canaries."""
     if isinstance(payload, RollingRestartPayload):
         return True
-    if isinstance(payload, MaxNumSeqsPayload | AddEngineFlagPayload):
+    if isinstance(payload, MaxNumSeqsPayload | AddEngineFlagPayload | SetLiveCapPayload):
         return len(replicas) > 1 or payload.canary
     return False
 
@@ -171,9 +181,14 @@ def _start_batch(action: RolloutPayload, plan: RolloutPlan, keys: Sequence[str],
     writes, batch = [], {}
     for key in keys:
         view = observed.replicas.get(key)
+        if isinstance(action, SetLiveCapPayload):
+            # No new generation: the engine takes the cap where it runs, and convergence is the agent's report.
+            writes.append(DesiredWrite(key, None, live=True, live_cap=action.live_cap))
+            batch[key] = 0 if view is None else view.generation
+            continue
         args = None if isinstance(action, RollingRestartPayload) else action.args_for(
             key, () if view is None else view.engine_args)
-        writes.append(DesiredWrite(key, args))
+        writes.append(DesiredWrite(key, args, lift_cap=isinstance(action, MaxNumSeqsPayload)))
         batch[key] = _next_generation(view)
     return Step(plan.model_copy(update={"batch": batch, "batch_started_at": now, "batch_ready_at": None,
                                         "waiting": None}), writes)
@@ -214,7 +229,7 @@ def _like_for_like(action: AddEngineFlagPayload, plan: RolloutPlan, peers: Seque
             == before]
 
 
-def _judge(action: NewArgsPayload, plan: RolloutPlan, observed: Observed, now: datetime,
+def _judge(action: CanaryPayload, plan: RolloutPlan, observed: Observed, now: datetime,
            settings: RolloutSettings) -> Step:
     """The canary phase once the canary is READY: wait out the window, compare, then promote or roll back."""
     ready_at = plan.canary_ready_at or now
@@ -253,34 +268,68 @@ def _judge(action: NewArgsPayload, plan: RolloutPlan, observed: Observed, now: d
         # Readings stopped coming (an agent gone quiet): an unproven change does not stay.
         plan = plan.model_copy(update={"done": [key], "phase": "rolled_back", "batch": {}})
         waited = (settings.canary_window + settings.deadline).total_seconds()
-        return Step(plan, [DesiredWrite(key, list(plan.previous_args or []))], (
+        return Step(plan, [_back(action, plan, key)], (
             ActionState.ROLLED_BACK,
             f"the canary could not be judged within {waited:g}s of its READY ({verdict.reason}); "
             f"{key} {_undo(action)}"))
     if verdict.verdict == "fail":
         plan = plan.model_copy(update={"done": [key], "phase": "rolled_back", "batch": {}})
-        back = DesiredWrite(key, list(plan.previous_args or []))
-        return Step(plan, [back], (ActionState.ROLLED_BACK, f"{verdict.reason}; {key} {_undo(action)}"))
-    queue = [[p.key] for p in sorted(peers, key=lambda r: r.key) if action.needs(p.engine_args, p.gpus)]
+        return Step(plan, [_back(action, plan, key)], (ActionState.ROLLED_BACK,
+                                                       f"{verdict.reason}; {key} {_undo(action)}"))
+    if isinstance(action, SetLiveCapPayload):
+        # Nothing leaves rotation: every peer whose plug-in is active takes the cap at once.
+        takers = sorted(p.key for p in peers if _live(p) and action.needs(_asked(p)))
+        queue = [takers] if takers else []
+    else:
+        queue = [[p.key] for p in sorted(peers, key=lambda r: r.key) if action.needs(p.engine_args, p.gpus)]
     return Step(plan.model_copy(update={"done": [key], "phase": "rolling", "batch": {}, "queue": queue}))
 
 
-def _undo(action: NewArgsPayload) -> str:
+def _live(view: ReplicaView) -> bool:
+    return view.live_limits is not None and view.live_limits.active
+
+
+def _asked(view: ReplicaView) -> int | None:
+    return None if view.live_limits is None else view.live_limits.asked
+
+
+def _back(action: CanaryPayload, plan: RolloutPlan, key: str) -> DesiredWrite:
+    """What a canary taken back gets: the cap it had, or the arguments it ran before."""
+    if isinstance(action, SetLiveCapPayload):
+        return DesiredWrite(key, None, live=True, live_cap=action.previous)
+    return DesiredWrite(key, list(plan.previous_args or []))
+
+
+def _undo(action: CanaryPayload) -> str:
+    if isinstance(action, SetLiveCapPayload):
+        return "rolled back to " + ("no live cap" if action.previous is None else f"live cap {action.previous}")
     if isinstance(action, MaxNumSeqsPayload):
         return f"rolled back to --max-num-seqs {action.previous}"
     return f"rolled back to its arguments without {action.change}"
 
 
+def _cap_words(action: RolloutPayload) -> str:
+    assert isinstance(action, SetLiveCapPayload)
+    return "no live cap" if action.live_cap is None else f"live cap {action.live_cap}"
+
+
 def step(action: RolloutPayload, plan: RolloutPlan, model: str | None, observed: Observed, now: datetime,
          settings: RolloutSettings) -> Step:
     """One step of a running rollout: the next plan, the desired-state writes, and the verdict once it is over."""
+    live = isinstance(action, SetLiveCapPayload)
     if plan.batch:
         pending = []
         for key, generation in plan.batch.items():
             view = observed.replicas.get(key)
-            where = progress(view, generation)
-            if where == "fatal":
-                return Step(plan, verdict=(ActionState.FAILED, fatal_reason(key, view)))
+            if isinstance(action, SetLiveCapPayload):
+                where, why = cap_progress(key, None if view is None else view.state,
+                                          None if view is None else view.live_limits, action.live_cap)
+                if where == "fatal":
+                    return Step(plan, verdict=(ActionState.FAILED, why or f"{key} cannot take a live cap"))
+            else:
+                where = progress(view, generation)
+                if where == "fatal":
+                    return Step(plan, verdict=(ActionState.FAILED, fatal_reason(key, view)))
             if where == "pending":
                 pending.append(key)
         if pending:
@@ -291,7 +340,8 @@ def step(action: RolloutPayload, plan: RolloutPlan, model: str | None, observed:
             # One that left READY while settling settles again once it is back.
             return Step(plan.model_copy(update={"batch_ready_at": None, "waiting": None}) if plan.batch_ready_at
                         else plan)
-        if plan.phase != "canary" and settings.settle > timedelta(0):
+        # A live cap takes nothing out of rotation: there is no health check to wait for.
+        if plan.phase != "canary" and settings.settle > timedelta(0) and not live:
             ready_at = plan.batch_ready_at or now
             if now - ready_at < settings.settle:
                 held = (now - ready_at).total_seconds()
@@ -309,9 +359,12 @@ def step(action: RolloutPayload, plan: RolloutPlan, model: str | None, observed:
             plan = plan.model_copy(update={"done": [*plan.done, *plan.batch], "batch": {}, "batch_ready_at": None,
                                            "waiting": None})
     if not plan.queue:
+        if live:
+            return Step(plan, verdict=(ActionState.SUCCEEDED, f"{len(plan.done)} replica(s) at "
+                                       f"{_cap_words(action)} with no restart: {', '.join(plan.done)}"))
         return Step(plan, verdict=(ActionState.SUCCEEDED, f"{len(plan.done)} replica(s) READY at their new "
                                    f"generation: {', '.join(plan.done)}"))
-    waiting = _budget_wait(model, plan.queue[0], observed, settings.guard)
+    waiting = None if live else _budget_wait(model, plan.queue[0], observed, settings.guard)
     if waiting is not None:
         return Step(plan.model_copy(update={"waiting": waiting}))
     return _start_batch(action, plan.model_copy(update={"queue": plan.queue[1:]}), plan.queue[0], observed, now)

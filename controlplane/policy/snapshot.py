@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from agent.wire import ReplicaState, ReplicaStatus
+from agent.wire import LiveLimits, ReplicaState, ReplicaStatus
 from controlplane.policy.engine_args import MAX_NUM_SEQS, flags_key, get_int_flag
 
 
@@ -76,9 +76,17 @@ class ReplicaSample:
     flags_key: int | None = None
     # While WEDGED: the requests the agent counted in flight when it took the replica out of rotation.
     requests_lost: int | None = None
+    # The live cap on running requests in effect when this was read (live limits active), None otherwise.
+    live_cap: int | None = None
 
     def __post_init__(self) -> None:
         _aware(self.at)
+
+    @property
+    def running_limit(self) -> int | None:
+        """The most requests the engine would run at once when this was read: its live cap where one was in
+        effect, else its --max-num-seqs (None: vLLM's default)."""
+        return self.live_cap if self.live_cap is not None else self.max_num_seqs
 
 
 REPLICA_SAMPLE_FIELDS = frozenset(f.name for f in fields(ReplicaSample))
@@ -112,6 +120,9 @@ class Replica(_Frozen):
     last_exit_code: int | None = None
     log_tail: list[str] = Field(default_factory=list)
     history: list[ReplicaSample] = Field(default_factory=list)
+    # The live-cap plug-in as last reported (None: live limits off), and the cap the control plane asked for.
+    live_limits: LiveLimits | None = None
+    desired_live_cap: int | None = None
 
     @property
     def key(self) -> str:
@@ -133,9 +144,26 @@ class Replica(_Frozen):
         return self.state in SERVING_STATES
 
     @property
+    def live(self) -> bool:
+        """Its engine's live-cap plug-in is active: its running limit changes with no restart."""
+        return self.live_limits is not None and self.live_limits.active and self.live_limits.startup_limit is not None
+
+    @property
+    def running_limit(self) -> int | None:
+        """The most requests it is asked to run at once: its live cap where one is asked of an active plug-in
+        (never above the startup limit), else its --max-num-seqs (None: vLLM's default)."""
+        limits = self.live_limits
+        if self.live and limits is not None and limits.asked is not None and limits.startup_limit is not None:
+            return min(limits.asked, limits.startup_limit)
+        return self.max_num_seqs
+
+    @property
     def converging(self) -> bool:
-        """A change was asked for that the agent has not reported yet (its reported args are about to go)."""
-        return self.desired_generation is not None and self.desired_generation > self.generation
+        """A change was asked for that the agent has not reported yet (its reported args, or its live cap, are
+        about to go)."""
+        if self.desired_generation is not None and self.desired_generation > self.generation:
+            return True
+        return self.live and self.live_limits is not None and self.desired_live_cap != self.live_limits.asked
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -264,5 +292,6 @@ def sample_from_status(at: datetime, status: ReplicaStatus) -> ReplicaSample:
         generation=status.generation,
         flags_key=flags_key(status.engine_args),
         requests_lost=status.requests_in_flight_at_wedge,
+        live_cap=status.live_cap,
     )
 

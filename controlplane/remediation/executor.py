@@ -86,7 +86,9 @@ def _apply_replicas(session: Session, row: ActionRow, payload: Payload, now: dat
             if key not in payload.engine_args and replica is None:
                 return f"no engine_args for {key}"
             current = [] if replica is None else [str(a) for a in replica.engine_args]
-            change = DesiredChange(engine_args=payload.args_for(key, current), enabled=True)
+            # A new --max-num-seqs is the whole limit: no live cap stays to hold it lower.
+            lift = {"live_cap": None} if isinstance(payload, MaxNumSeqsPayload) else {}
+            change = DesiredChange(engine_args=payload.args_for(key, current), enabled=True, **lift)
         else:
             return f"the executor cannot apply {row.kind!r} to a replica"
         out = set_desired(session=session, node=node, name=name, change=change, now=now)
@@ -159,7 +161,8 @@ def apply_action(*, session: Session, action_id: int, now: datetime,
         if problem is None:
             finish(session=session, row=row, dst=S.SUCCEEDED, outcome="applied", now=now)
     elif is_rollout(payload, row.replicas):
-        assert isinstance(payload, RollingRestartPayload | SetFlagsPayload | MaxNumSeqsPayload | AddEngineFlagPayload)
+        assert isinstance(payload, RollingRestartPayload | SetFlagsPayload | MaxNumSeqsPayload | AddEngineFlagPayload
+                          | SetLiveCapPayload)
         rollout.begin(session=session, row=row, payload=payload, now=now)
     elif how in ("desired", "rollout"):
         problem = _apply_replicas(session, row, payload, now)
@@ -251,7 +254,7 @@ def reconcile(*, session: Session, now: datetime, deadline: timedelta,
             continue
         if is_rollout(payload, row.replicas):
             assert isinstance(payload, RollingRestartPayload | SetFlagsPayload | MaxNumSeqsPayload
-                              | AddEngineFlagPayload)
+                              | AddEngineFlagPayload | SetLiveCapPayload)
             verdict = rollout.advance(session=session, row=row, payload=payload, now=now, settings=settings)
         elif isinstance(payload, SetLiveCapPayload):
             keys = list(row.replicas)

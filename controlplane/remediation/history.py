@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from controlplane.policy.snapshot import REPLICA_SAMPLE_FIELDS, GpuReading, ReplicaSample
 from controlplane.store.models import Sample
 
-_INT_FIELDS = ("rss_bytes", "gpu_memory_bytes", "max_num_seqs", "generation", "requests_lost")
+_INT_FIELDS = ("rss_bytes", "gpu_memory_bytes", "max_num_seqs", "generation", "requests_lost", "live_cap")
 _COPIED = REPLICA_SAMPLE_FIELDS - {"at", "canary_ok", "flags_key", *_INT_FIELDS}
 Key = tuple[str, str, str]  # (node, subject kind, subject)
 _COLUMNS = (Sample.id, Sample.node, Sample.subject_kind, Sample.subject, Sample.at, Sample.values)

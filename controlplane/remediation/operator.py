@@ -202,8 +202,25 @@ def _max_num_seqs_proposal(session: Session, model: str, request: ModelActionReq
         canary = next((r for r in rows if r.ready and r.state == "READY"), rows[0])
     key = f"{canary.node}/{canary.name}"
     args = [str(a) for a in canary.engine_args]
-    current = get_int_flag(args, MAX_NUM_SEQS) or DEFAULT_MAX_NUM_SEQS
     value = request.max_num_seqs
+    live = {f"{r.node}/{r.name}": reported(r.live_limits) for r in rows}
+    # Every replica's plug-in active and the value within each engine's startup limit: a live cap, no restart.
+    if all(unavailable(k, lim) is None and lim is not None and above_startup(k, lim, value) is None
+           for k, lim in live.items()):
+        limits = live[key]
+        assert limits is not None and limits.startup_limit is not None
+        current = min(limits.asked or limits.startup_limit, limits.startup_limit)
+        if value == current:
+            raise Conflict(f"{key} already runs at most {value} requests at once (its live cap): nothing to change")
+        judge = Judge(latencies=["itl_p99_seconds"],
+                      max_throughput_drop=OPERATOR_MAX_THROUGHPUT_DROP if value < current else None)
+        return ProposedAction(
+            policy=OPERATOR_POLICY, target=Target(kind="replica", node=canary.node, replica=canary.name, model=model),
+            payload=SetLiveCapPayload(live_cap=value, previous=limits.asked, canary=True, judge=judge),
+            replicas=[key], model=model,
+            reason=request.reason or (f"running requests {current} -> {value} on {model} as a live cap (no restart), "
+                                      f"canary {key} first, requested by {who}"))
+    current = get_int_flag(args, MAX_NUM_SEQS) or DEFAULT_MAX_NUM_SEQS
     if value == current:
         raise Conflict(f"{key} already runs {MAX_NUM_SEQS} {value}: nothing to change")
     lower = value < current

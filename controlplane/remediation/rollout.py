@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.fleet.desired import DesiredChange, set_desired
+from controlplane.policy.live_cap import reported
 from controlplane.policy.rollout import (
     DesiredWrite,
     Observed,
@@ -48,7 +49,8 @@ def _observe(session: Session, row: ActionRow, since: datetime | None) -> Observ
         views[key] = ReplicaView(
             key=key, state=replica.state, ready=replica.ready, generation=replica.generation,
             engine_args=tuple(str(a) for a in replica.engine_args), gpus=tuple(int(g) for g in replica.gpus),
-            managed=replica.managed, last_exit_code=replica.last_exit_code, desired_generation=desired)
+            managed=replica.managed, last_exit_code=replica.last_exit_code, desired_generation=desired,
+            live_limits=reported(replica.live_limits))
     samples: dict[str, list[tuple[datetime, dict[str, object]]]] = defaultdict(list)
     if since is not None and views:
         nodes = {split_key(k)[0] for k in views}
@@ -77,8 +79,14 @@ def _write(session: Session, row: ActionRow, payload: RolloutPayload, done: Step
 
 def _write_desired(session: Session, write: DesiredWrite, now: datetime) -> int:
     node, name = split_key(write.key)
-    change = (DesiredChange(restart=True, enabled=True) if write.engine_args is None
-              else DesiredChange(engine_args=write.engine_args, enabled=True))
+    if write.live:
+        change = DesiredChange(live_cap=write.live_cap)  # given, even None: it replaces the cap
+    elif write.engine_args is None:
+        change = DesiredChange(restart=True, enabled=True)
+    elif write.lift_cap:
+        change = DesiredChange(engine_args=write.engine_args, enabled=True, live_cap=None)
+    else:
+        change = DesiredChange(engine_args=write.engine_args, enabled=True)
     return set_desired(session=session, node=node, name=name, change=change, now=now).generation
 
 

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from agent.wire import ReplicaState
 from controlplane.policy.kinds import ActionKind
 from controlplane.policy.lifecycle import ActionState
+from controlplane.policy.live_cap import reported
 from controlplane.policy.payloads import AddEngineFlagPayload, CorruptPayload, parse_payload
 from controlplane.policy.snapshot import (
     ALERTMANAGER_POLICY,
@@ -74,8 +75,9 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
     r_cols = ReplicaRow.__table__.c
     replica_query = select(r_cols.node, r_cols.name, r_cols.model, r_cols.gpus, r_cols.state, r_cols.ready,
                            r_cols.managed, r_cols.state_since, r_cols.engine_args, r_cols.generation,
-                           r_cols.restarts_total, r_cols.last_exit_code, r_cols.log_tail,
-                           DesiredReplica.generation.label("desired_generation")
+                           r_cols.restarts_total, r_cols.last_exit_code, r_cols.log_tail, r_cols.live_limits,
+                           DesiredReplica.generation.label("desired_generation"),
+                           DesiredReplica.live_cap.label("desired_live_cap")
                            ).outerjoin(DesiredReplica, (DesiredReplica.node == r_cols.node)
                                        & (DesiredReplica.name == r_cols.name)
                            ).order_by(r_cols.node, r_cols.name)
@@ -99,6 +101,7 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
         generation=r.generation, desired_generation=r.desired_generation,
         restarts_total=r.restarts_total, last_exit_code=r.last_exit_code,
         log_tail=list(r.log_tail), history=replica_history(r.node, r.name),
+        live_limits=reported(r.live_limits), desired_live_cap=r.desired_live_cap,
     ) for r in rows]
     gpus: list[Gpu] = []
     if model is None:

@@ -64,7 +64,7 @@ def test_a_live_cap_reaches_the_agent_with_no_new_generation_and_succeeds_once_t
     assert made.status_code == 201, made.text
     action = made.json()
     assert action["kind"] == "set_live_cap" and action["state"] == "running"
-    assert action["params"] == {"live_cap": 16, "applied": {"gpu-a/r0": 1}}
+    assert action["params"] == {"live_cap": 16, "canary": False, "applied": {"gpu-a/r0": 1}}
     desired = send(c, 2, live("r0"), live("r1"))
     # The same generation and arguments: nothing restarts, and r1 is not touched at all.
     assert desired["r0"] == {"name": "r0", "generation": 1, "engine_args": ["--max-num-seqs", "64"],
@@ -73,6 +73,11 @@ def test_a_live_cap_reaches_the_agent_with_no_new_generation_and_succeeds_once_t
     assert reconcile_now(c) == {}  # the agent has not written it yet
     send(c, 3, live("r0", asked=16), live("r1"))
     assert reconcile_now(c) == {action["id"]: "succeeded"}
+    # What the console reads: the plug-in's report, in the replica and in its table row.
+    shown = c.get("/v1/replicas/gpu-a/r0", headers=OPS).json()["live_limits"]
+    assert (shown["active"], shown["asked"], shown["startup_limit"]) == (True, 16, 64)
+    table = c.get("/v1/replicas", params={"view": "table"}, headers=OPS).json()["replicas"]
+    assert {r["name"]: (r["live_limits"] or {}).get("asked") for r in table} == {"r0": 16, "r1": None}
     done = c.get(f"/v1/actions/{action['id']}", headers=OPS).json()
     assert done["outcome"].startswith("live cap 16 written for gpu-a/r0") and "no restart" in done["outcome"]
     # The cap each reading ran under is kept with it.
@@ -136,3 +141,54 @@ def test_a_live_cap_fails_when_the_engine_comes_back_without_its_plug_in_and_wai
     assert reconcile_now(c) == {action["id"]: "failed"}
     outcome = c.get(f"/v1/actions/{action['id']}", headers=OPS).json()["outcome"]
     assert "not active on gpu-a/r0" in outcome and "max_num_active_reqs" in outcome
+
+
+def test_a_models_max_num_seqs_is_set_live_where_every_replica_can_take_it_and_by_restarts_elsewhere(
+        c: TestClient) -> None:
+    send(c, 1, live("r0"), live("r1"), replica("m0", model="other"), live("m1", startup=64).model_copy(
+        update={"model": "other"}))
+    made = c.post("/v1/models/tiny-llama/actions", json={"kind": "set_max_num_seqs", "max_num_seqs": 32}, headers=OPS)
+    assert made.status_code == 201, made.text
+    action = made.json()
+    assert action["kind"] == "set_live_cap" and action["target"] == "replica:gpu-a/r0"
+    assert action["params"]["live_cap"] == 32 and action["params"]["canary"] is True
+    assert "as a live cap (no restart)" in action["reason"]
+    desired = send(c, 2, live("r0"), live("r1"), replica("m0", model="other"))
+    assert desired["r0"]["generation"] == 1 and desired["r0"]["live_cap"] == 32 and "r1" not in desired
+    # Above the engines' startup limit, or with a replica that cannot take a live cap: a canaried restart.
+    above = c.post("/v1/models/tiny-llama/actions?dry_run=true",
+                   json={"kind": "set_max_num_seqs", "max_num_seqs": 128}, headers=OPS)
+    assert above.status_code == 409  # one change of the model's concurrency at a time
+    mixed = c.post("/v1/models/other/actions", json={"kind": "set_max_num_seqs", "max_num_seqs": 32},
+                   headers=OPS).json()
+    assert mixed["kind"] == "lower_max_num_seqs"
+
+
+def test_a_live_canary_is_judged_beside_its_peers_then_rolled_to_them_and_nothing_restarts(
+        c: TestClient, clock: FakeClock) -> None:
+    send(c, 1, live("r0"), live("r1"), live("r2"))
+    action = c.post("/v1/models/tiny-llama/actions", json={"kind": "set_max_num_seqs", "max_num_seqs": 32},
+                    headers=OPS).json()
+    assert action["kind"] == "set_live_cap"
+    seq = 1
+    asked = {"r0": 32, "r1": None, "r2": None}
+    # The canary's agent writes the cap; then two minutes of readings (the canary window), every ten seconds.
+    for _ in range(14):
+        seq += 1
+        desired = send(c, seq, *(live(n, asked=a) for n, a in asked.items()))
+        assert all(s["generation"] == 1 for s in desired.values())  # never a restart
+        reconcile_now(c)
+        clock.advance(10)
+    state = c.get(f"/v1/actions/{action['id']}", headers=OPS).json()
+    plan = state["params"]["rollout"]
+    assert plan["phase"] == "rolling" and plan["canary_verdict"]["verdict"] == "pass", plan
+    # The peers take it together: their agents are told at the same generation.
+    seq += 1
+    desired = send(c, seq, *(live(n, asked=a) for n, a in asked.items()))
+    assert {n: s["live_cap"] for n, s in desired.items() if n != "r0"} == {"r1": 32, "r2": 32}
+    assert all(s["generation"] == 1 for s in desired.values())
+    seq += 1
+    send(c, seq, *(live(n, asked=32) for n in asked))
+    assert reconcile_now(c) == {action["id"]: "succeeded"}
+    outcome = c.get(f"/v1/actions/{action['id']}", headers=OPS).json()["outcome"]
+    assert outcome.startswith("3 replica(s) at live cap 32 with no restart"), outcome

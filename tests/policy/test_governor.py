@@ -1,6 +1,6 @@
 import dataclasses
 
-from agent.wire import ReplicaState
+from agent.wire import LiveLimits, ReplicaState
 from controlplane.policy.actions import LowerMaxNumSeqsAction
 from controlplane.policy.engine_args import flags_key
 from controlplane.policy.evaluate import evaluate_policy
@@ -494,3 +494,67 @@ def test_a_wedged_peer_is_unavailable_to_the_governor_and_holds_nothing_back():
         return [(a.kind, a.target.key, a.params["max_num_seqs"]) for a in actions]
 
     assert decided(beside) == decided(alone) == [("lower_max_num_seqs", "replica:n1/r2", 192)]
+
+
+def live_rep(name: str, asked: int | None, history, startup: int = 256, active: bool = True):
+    """A replica whose engine runs the live-cap plug-in (started at ``startup``), its agent having written ``asked``."""
+    limits = LiveLimits(active=active, startup_limit=startup if active else None, asked=asked,
+                        cap=(asked or startup) if active else None, reason=None if active else "refused")
+    return rep(name, startup, history).model_copy(update={"live_limits": limits, "desired_live_cap": asked})
+
+
+def capped_at(value: int, samples):
+    """Readings taken while the engine ran under a live cap of ``value`` (its --max-num-seqs unchanged)."""
+    return [dataclasses.replace(s, live_cap=value) for s in samples]
+
+
+def test_with_live_limits_the_canary_step_is_a_live_cap_with_no_restart():
+    reps = [live_rep("r1", None, fine(256, 0, 300) + breaching(256, 310, 120)),
+            live_rep("r2", None, fine(256, 0, 300) + breaching(256, 310, 120, itl=0.45))]
+    snap = fleet(430, reps)
+    [act] = evaluate_policy(ITL, snap, snap.now)
+    assert act.kind == "set_live_cap" and act.target.key == "replica:n1/r2"
+    assert act.params["live_cap"] == 192 and act.params.get("previous") is None and act.params["canary"] is True
+    assert "engine_args" not in act.params  # nothing restarts
+    assert "as a live cap (no restart)" in act.reason
+
+
+def test_a_proven_live_cap_is_promoted_live_and_judged_on_readings_under_the_cap():
+    reps = [live_rep("r1", None, breaching(256, 0, 600)),
+            live_rep("r2", 192, breaching(256, 0, 300) + capped_at(192, fine(256, 400, 200))),
+            live_rep("r3", None, breaching(256, 0, 600))]
+    snap = fleet(600, reps)
+    [act] = evaluate_policy(ITL, snap, snap.now)
+    assert act.kind == "set_live_cap" and act.target.key == "model:llama-8b"
+    assert act.params["live_cap"] == 192 and act.replicas == ["n1/r1", "n1/r3"]
+
+
+def test_a_cap_not_yet_written_by_the_agent_is_a_change_in_flight():
+    reps = [live_rep("r1", None, breaching(256, 0, 600)),
+            live_rep("r2", None, breaching(256, 0, 600)).model_copy(update={"desired_live_cap": 192})]
+    snap = fleet(600, reps)
+    assert evaluate_policy(ITL, snap, snap.now) == []
+
+
+def test_a_fleet_with_one_replica_without_live_limits_is_stepped_by_restarts():
+    reps = [live_rep("r1", None, fine(256, 0, 300) + breaching(256, 310, 120, itl=0.45)),
+            live_rep("r2", None, fine(256, 0, 300) + breaching(256, 310, 120), active=False)]
+    snap = fleet(430, reps)
+    [act] = evaluate_policy(ITL, snap, snap.now)
+    # The canary itself could take a live cap: a restart still, since its value would be promoted to r2.
+    assert act.kind == "set_live_cap" and act.target.key == "replica:n1/r1"
+    promote = fleet(900, [live_rep("r1", 192, fine(256, 0, 300) + capped_at(192, fine(256, 310, 590))),
+                          live_rep("r2", None, breaching(256, 0, 900), active=False)])
+    [up] = evaluate_policy(ITL, promote, promote.now)
+    assert up.kind == "lower_max_num_seqs" and up.params["engine_args"]["n1/r2"][-1] == "192"
+
+
+def test_raising_past_the_startup_limit_is_a_restart_and_within_it_a_live_cap():
+    within = fleet(1000, [live_rep("r1", 128, capped_at(128, fine(256, 0, 1000))),
+                          live_rep("r2", 128, capped_at(128, fine(256, 0, 1000)))])
+    [act] = evaluate_policy(ITL, within, within.now)
+    assert act.kind == "set_live_cap" and act.params["live_cap"] == 192 and act.params["previous"] == 128
+    past = fleet(1000, [live_rep("r1", 128, capped_at(128, fine(128, 0, 1000)), startup=128),
+                        live_rep("r2", 128, capped_at(128, fine(128, 0, 1000)), startup=128)])
+    [act] = evaluate_policy(ITL, past, past.now)
+    assert act.kind == "raise_max_num_seqs" and act.params["max_num_seqs"] == 192

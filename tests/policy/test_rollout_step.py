@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agent.wire import ReplicaState
+from agent.wire import LiveLimits, ReplicaState
 from controlplane.policy.guardrails import BudgetRule, GuardConfig
 from controlplane.policy.lifecycle import ActionState
 from controlplane.policy.payloads import (
@@ -26,6 +26,7 @@ from controlplane.policy.payloads import (
     RollingRestartPayload,
     RolloutPlan,
     SetFlagsPayload,
+    SetLiveCapPayload,
 )
 from controlplane.policy.rollout import (
     DesiredWrite,
@@ -52,10 +53,16 @@ FLAG = "--enable-chunked-prefill"
 
 def view(key: str, state: ReplicaState = R.READY, generation: int = 1, *, args: Sequence[str] = AT_64,
          gpus: Sequence[int] = (0,), desired: int | None = None, ready: bool | None = None,
-         exit_code: int | None = None, managed: bool = True) -> ReplicaView:
+         exit_code: int | None = None, managed: bool = True, live: LiveLimits | None = None) -> ReplicaView:
     return ReplicaView(key=key, state=state, ready=state == R.READY if ready is None else ready,
                        generation=generation, engine_args=tuple(args), gpus=tuple(gpus), managed=managed,
-                       last_exit_code=exit_code, desired_generation=desired)
+                       last_exit_code=exit_code, desired_generation=desired, live_limits=live)
+
+
+def capped(asked: int | None = None, *, active: bool = True) -> LiveLimits:
+    """An engine's live-cap plug-in as its agent reports it, started at 64, ``asked``: what the agent wrote."""
+    return LiveLimits(active=active, reason=None if active else "no max_num_active_reqs", startup_limit=64,
+                      asked=asked, cap=asked or 64)
 
 
 def seen(*views: ReplicaView, samples: Mapping[str, list[tuple[datetime, dict[str, float]]]] | None = None
@@ -79,6 +86,11 @@ RAISE = MaxNumSeqsPayload(kind="raise_max_num_seqs", max_num_seqs=128, previous=
 # A flag rung must cut ITL by a fifth against engines tuned as the canary was.
 RUNG = AddEngineFlagPayload(flag=FLAG, rung=1, max_num_seqs=64, canary=True,
                             judge=Judge(latencies=["itl_p99_seconds"], baseline="same_args", min_latency_gain=0.2))
+
+# The governor's live step: a cap of 32 on engines started at 64, canary first, no restart.
+LIVE = SetLiveCapPayload(live_cap=32, previous=None, canary=True, judge=Judge(latencies=["itl_p99_seconds"]))
+LIVE_CANARY = RolloutPlan(phase="canary", canary=K0, previous_args=list(AT_64), batch={K0: 1}, batch_started_at=T0)
+LIVE_JUDGED = LIVE_CANARY.model_copy(update={"canary_ready_at": T0 + MIN})
 
 # The canary's plan right after ``start``: gpu-a/r0 restarting into generation 2 with the change.
 CANARY = RolloutPlan(phase="canary", canary=K0, previous_args=list(AT_64), batch={K0: 2}, batch_started_at=T0)
@@ -115,6 +127,34 @@ class Case:
 
 
 CASES = [
+    # --- live cap: no restart, no new generation, judged on the agent's report -------------------------------
+    Case("live-canary-writes-the-cap-at-the-same-generation", LIVE,
+         seen(view(K0, live=capped()), view(K1, live=capped())), T0, replicas=(K0,),
+         writes=(DesiredWrite(K0, None, live=True, live_cap=32),),
+         plan_fields={"phase": "canary", "batch": {K0: 1}, "canary": K0}),
+    Case("live-canary-waits-for-the-agent-to-write-it", LIVE,
+         seen(view(K0, live=capped()), view(K1, live=capped())), T0 + 10 * SEC, plan=LIVE_CANARY,
+         plan_fields={"canary_ready_at": None}),
+    Case("live-canary-fails-when-its-plug-in-is-no-longer-active", LIVE,
+         seen(view(K0, live=capped(active=False)), view(K1, live=capped())), T0 + 10 * SEC, plan=LIVE_CANARY,
+         verdict=ActionState.FAILED, outcome=("not active on gpu-a/r0", "no max_num_active_reqs")),
+    Case("live-canary-passes-and-every-peer-takes-the-cap-at-once", LIVE,
+         seen(view(K0, live=capped(32)), view(K1, live=capped()), view(K2, live=capped()),
+              view(K3, live=capped(32)),
+              samples={K0: readings(HALF, itl=0.020), K1: readings(HALF, itl=0.060), K2: readings(HALF, itl=0.060),
+                       K3: readings(HALF, itl=0.020)}),
+         JUDGE_AT, plan=LIVE_JUDGED,
+         writes=(DesiredWrite(K1, None, live=True, live_cap=32), DesiredWrite(K2, None, live=True, live_cap=32)),
+         plan_fields={"phase": "rolling", "queue": [], "batch": {K1: 1, K2: 1}}),
+    Case("live-canary-that-fails-gets-its-previous-cap-back", LIVE.model_copy(update={"previous": 48}),
+         seen(view(K0, live=capped(32)), view(K1, live=capped(48)),
+              samples={K0: readings(HALF, itl=0.090), K1: readings(HALF, itl=0.020)}),
+         JUDGE_AT, plan=LIVE_JUDGED, writes=(DesiredWrite(K0, None, live=True, live_cap=48),),
+         verdict=ActionState.ROLLED_BACK, outcome=("rolled back to live cap 48",)),
+    Case("live-rollout-ends-once-every-agent-wrote-it-with-no-settle-and-no-budget-wait", LIVE,
+         seen(view(K0, live=capped(32)), view(K1, live=capped(32)), view(K2, live=capped(32))),
+         T0 + 4 * MIN, plan=RolloutPlan(phase="rolling", done=[K0], batch={K1: 1, K2: 1}, batch_started_at=JUDGE_AT),
+         settings=STRICT, verdict=ActionState.SUCCEEDED, outcome=("3 replica(s) at live cap 32 with no restart",)),
     # --- rolling restart -------------------------------------------------------------------------------------
     Case("rolling-start-batches-by-size-and-writes-nothing-yet", RESTART_2,
          seen(view(K0), view(K1), view(K2)), T0, replicas=(K0, K1, K2),
@@ -213,12 +253,12 @@ CASES = [
          LOWER.model_copy(update={"canary": False}),
          seen(view(K0, args=(*AT_64, "--port", "9001")), view(K1), view(K2)), T0,
          plan=RolloutPlan(phase="rolling", queue=[[K0], [K1]]),
-         writes=(DesiredWrite(K0, ["--model", MODEL, "--port", "9001", "--max-num-seqs", "32"]),),
+         writes=(DesiredWrite(K0, ["--model", MODEL, "--port", "9001", "--max-num-seqs", "32"], lift_cap=True),),
          plan_fields={"batch": {K0: 2}}),
     # --- a max-num-seqs canary -------------------------------------------------------------------------------
     Case("canary-start-writes-the-change-to-the-canary-only", LOWER,
          seen(view(K0, desired=3), view(K1), view(K2)), T0, replicas=(K0,),
-         writes=(DesiredWrite(K0, ["--model", MODEL, "--max-num-seqs", "32"]),),
+         writes=(DesiredWrite(K0, ["--model", MODEL, "--max-num-seqs", "32"], lift_cap=True),),
          plan_fields={"phase": "canary", "canary": K0, "previous_args": list(AT_64), "batch": {K0: 4},
                       "batch_started_at": T0, "queue": []}),
     Case("canary-converging-waits", LOWER,
@@ -247,7 +287,7 @@ CASES = [
               samples={K0: readings(HALF, itl=0.020, ttft=0.9, tps=95), K1: readings(HALF, itl=0.021, ttft=0.3),
                        K2: readings(HALF, itl=0.019), K3: readings(HALF, itl=0.020)}),
          JUDGE_AT, plan=JUDGED,
-         writes=(DesiredWrite(K1, ["--model", MODEL, "--max-num-seqs", "32"]),),
+         writes=(DesiredWrite(K1, ["--model", MODEL, "--max-num-seqs", "32"], lift_cap=True),),
          plan_fields={"phase": "rolling", "done": [K0], "batch": {K1: 2}, "queue": [[K2]]}),
     Case("canary-fails-and-gets-its-previous-arguments-back", LOWER,
          seen(view(K0, R.READY, 2, args=AT_32), view(K1), view(K2),
