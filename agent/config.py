@@ -125,15 +125,13 @@ class ReplicaConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _live_limits_need_a_vllm_the_agent_starts(self) -> ReplicaConfig:
+    def _live_limits_need_an_engine_the_agent_starts(self) -> ReplicaConfig:
+        # vLLM and the simulator both take the plug-in by --scheduler-cls.
         if not self.live_limits:
             return self
         if not self.managed:
             raise FieldProblem("live_limits needs a managed replica: the agent loads the plug-in when it starts "
                                "the engine, and an attached one it never starts", "live_limits")
-        if self.engine != "vllm":
-            raise FieldProblem(f"live_limits needs engine: vllm (the plug-in is a vLLM scheduler), not "
-                               f"{self.engine!r}", "live_limits")
         if names_flag(self.args, SCHEDULER_FLAG):
             raise FieldProblem("live_limits puts its own scheduler in place: 'args' must not name --scheduler-cls",
                                "args")

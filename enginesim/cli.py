@@ -37,6 +37,8 @@ def _serve_parser() -> argparse.ArgumentParser:
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--served-model-name", nargs="+", default=None, help="names clients may use")
     v.add_argument("--max-num-seqs", type=int, default=256)
+    v.add_argument("--scheduler-cls", default=None,
+                   help="a scheduler plug-in by dotted name on PYTHONPATH, as vLLM takes it (its live cap is obeyed)")
     v.add_argument("--max-num-batched-tokens", type=int, default=8192)
     v.add_argument("--max-model-len", type=int, default=None, help="default: the profile's")
     v.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -130,6 +132,7 @@ def serve_config(argv: list[str], env: Mapping[str, str]) -> tuple[ServeConfig, 
     config = ServeConfig(
         model=model, profile=get_profile(args.sim_profile), host=args.host, port=args.port,
         served_model_names=args.served_model_name or [], max_num_seqs=args.max_num_seqs,
+        scheduler_cls=args.scheduler_cls,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching, shutdown_timeout=args.shutdown_timeout,

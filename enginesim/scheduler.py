@@ -11,6 +11,7 @@ A sequence that cannot fit even alone is the engine's out-of-memory death.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -91,6 +92,9 @@ class Scheduler:
         self.free_blocks = total_blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # A live cap on the running batch, read at each step (a scheduler plug-in's, ``--scheduler-cls``);
+        # None: the startup limit only.
+        self.cap: Callable[[], int] | None = None
 
     @property
     def has_work(self) -> bool:
@@ -138,7 +142,22 @@ class Scheduler:
         plan.scheduled.pop(seq, None)
 
     def schedule(self) -> StepPlan:
-        """Choose this step's batch; raises KvCacheExhausted if a lone sequence cannot fit."""
+        """Choose this step's batch; raises KvCacheExhausted if a lone sequence cannot fit.
+
+        Under a live cap the step sees only the first ``cap`` running sequences, as vLLM's scheduler does under
+        the live-cap plug-in: the ones admitted last keep their KV blocks and their place, are not stepped
+        (nor preempted) until those before them finish, and nothing new is admitted while the cap is full."""
+        limit = self.max_num_seqs if self.cap is None else min(self.cap(), self.max_num_seqs)
+        if len(self.running) <= limit:
+            return self._schedule(limit)
+        held = self.running[limit:]
+        del self.running[limit:]
+        try:
+            return self._schedule(limit)
+        finally:
+            self.running.extend(held)
+
+    def _schedule(self, limit: int) -> StepPlan:
         plan = StepPlan()
         budget = self.max_num_batched_tokens
         for seq in list(self.running):
@@ -158,7 +177,7 @@ class Scheduler:
                 budget -= n
         if plan.preempted:
             return plan  # like V1: no new admissions in a step that had to preempt
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < limit:
             seq = self.waiting[0]
             n = min(seq.num_tokens - seq.computed, budget)
             if not self._grow(seq, n):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import os
 import random
@@ -19,12 +20,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO, cast
 
 import uvicorn
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
-from enginesim.api import DropBrokenStreams, ServingContext, create_app
+from enginesim.api import VLLM_VERSION, DropBrokenStreams, ServingContext, create_app
 from enginesim.clock import Clock, RealClock
 from enginesim.engine import Engine, EngineState
 from enginesim.faults import MIB, FaultConfig, RssLeak, all_reduce_penalty_seconds, fault_delay, read_clock_file
@@ -62,6 +63,8 @@ class ServeConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)
     # Seconds an idle client connection stays open: vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE (uvicorn's 5 by default).
     keep_alive: int = 5
+    # ``--scheduler-cls``: a dotted name on the engine's PYTHONPATH, as vLLM takes it (None: its own scheduler).
+    scheduler_cls: str | None = None
 
     @property
     def names(self) -> list[str]:
@@ -98,11 +101,29 @@ def build_engine(config: ServeConfig, registry: CollectorRegistry, clock: Clock 
     GCCollector(registry=registry)
     scheduler = Scheduler(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
                           total_blocks=blocks, block_size=config.block_size)
+    if config.scheduler_cls is not None:
+        scheduler.cap = live_cap(config.scheduler_cls, config.max_num_seqs)
     overhead = all_reduce_penalty_seconds(config.faults, tensor_parallel_size=config.tensor_parallel_size,
                                           custom_all_reduce=not config.disable_custom_all_reduce)
     return Engine(profile=config.profile, scheduler=scheduler, metrics=metrics,
                   clock=RealClock() if clock is None else clock, prefix_caching=config.enable_prefix_caching,
                   seed=config.seed, step_overhead_s=overhead)
+
+
+def live_cap(scheduler_cls: str, startup_limit: int) -> Callable[[], int]:
+    """The live cap of a ``--scheduler-cls`` plug-in, read at each step: its module is imported by name from the
+    engine's PYTHONPATH as vLLM imports it (an import that fails stops the engine, as it stops vLLM), and its
+    cap file (``CapFile``, named in its ``ENV_FILE`` variable) is what the simulated scheduler obeys. A class the
+    simulator cannot drive (no ``CapFile``) leaves the startup limit."""
+    module_name, _, _ = scheduler_cls.rpartition(".")
+    module: Any = importlib.import_module(module_name)
+    if not hasattr(module, "CapFile"):
+        return lambda: startup_limit
+    version = VLLM_VERSION
+    about = {"pid": os.getpid(), "vllm": version, "tested": version in module.TESTED_VERSIONS,
+             "scheduler": "enginesim.scheduler.Scheduler", "active": True, "reason": None}
+    cap_file = module.CapFile(os.environ.get(module.ENV_FILE), startup_limit, about=about)
+    return cast(Callable[[], int], cap_file.current)
 
 
 async def _every(interval: float, action: Callable[[], None]) -> None:

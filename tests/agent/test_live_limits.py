@@ -28,8 +28,12 @@ def test_a_live_limited_vllm_loads_the_plugin_and_an_explicit_scheduler_is_refus
     assert "agent.yaml:8: replicas.0.args: live_limits puts its own scheduler in place" in str(err.value)
 
 
+def test_the_simulator_takes_the_plugin_as_vllm_does() -> None:
+    [replica] = parse_config(VLLM.replace("engine: vllm", "engine: sim"), "agent.yaml", env={}).replicas
+    assert replica.argv()[-2:] == ["--scheduler-cls", SCHEDULER_CLS]
+
+
 @pytest.mark.parametrize(("change", "line", "says"), [
-    (("engine: vllm", "engine: sim"), 7, "live_limits needs engine: vllm"),
     (("    port: 8001\n", "    url: http://10.0.0.5:8000\n"), 7, "live_limits needs a managed replica"),
 ])
 def test_live_limits_where_the_agent_cannot_load_the_plugin_name_file_line_and_field(

@@ -71,3 +71,35 @@ def test_a_waiting_sequence_waits_for_blocks_while_others_run() -> None:
     plan = s.schedule()
     assert [q.request_id for q in plan.scheduled] == ["a"]
     assert s.kv_usage == pytest.approx(2 / 3)
+
+
+def test_a_live_cap_steps_only_the_first_admitted_holds_the_rest_with_their_blocks_and_admits_nothing() -> None:
+    # What vLLM's scheduler does under the live-cap plug-in (tests/live_cap): the simulator must agree.
+    cap = [8]
+    s = Scheduler(max_num_seqs=8, max_num_batched_tokens=1000, total_blocks=100, block_size=16)
+    s.cap = lambda: cap[0]
+    for i in range(8):
+        s.add(seq(f"r{i}", 16, 50))
+    run_step(s)  # all eight prefilled
+    blocks = s.free_blocks
+    cap[0] = 2
+    s.add(seq("late", 16, 5))
+    emitted = run_step(s)
+    assert [q.request_id for q in emitted] == ["r0", "r1"]  # from the next step on, two at a time
+    assert [q.request_id for q in s.running] == [f"r{i}" for i in range(8)]  # held, in their place
+    assert s.free_blocks <= blocks and [q.request_id for q in s.waiting] == ["late"]  # nothing preempted or admitted
+    cap[0] = 64  # never above the startup limit
+    assert len(run_step(s)) == 8 and [q.request_id for q in s.waiting] == ["late"]
+
+
+def test_held_sequences_move_up_as_the_capped_ones_finish() -> None:
+    cap = [1]
+    s = Scheduler(max_num_seqs=4, max_num_batched_tokens=1000, total_blocks=100, block_size=16)
+    s.add(seq("a", 16, 2))
+    s.add(seq("b", 16, 2))
+    s.cap = None
+    run_step(s)  # both admitted and prefilled (one token each)
+    s.cap = lambda: cap[0]
+    assert [q.request_id for q in run_step(s)] == ["a"]  # a finishes
+    assert [q.request_id for q in run_step(s)] == ["b"]  # b, held behind it, goes next: not starved
+    assert not s.has_work
