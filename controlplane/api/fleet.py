@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
-from pydantic import AwareDatetime, TypeAdapter
+from pydantic import TypeAdapter
 
-from agent.wire import MAX_GPU_INDEX
+from agent.wire import MAX_GPU_INDEX, Moment
 from controlplane.api.context import (
     Ctx,
     Db,
@@ -85,8 +85,9 @@ def replica(node: str, name: str, ctx: Ctx, session: Db) -> ReplicaOut:
 
 
 # The window and bound every time series is read with. ``since`` must carry its offset (a 422 otherwise): the
-# store compares in UTC, and a naive time would be a guess that its UTC column refuses.
-Since = Annotated[AwareDatetime | None, Query(description="oldest point returned, with its UTC offset")]
+# store compares in UTC, and a naive time would be a guess that its UTC column refuses. Nothing is older than the
+# epoch; a time before it is refused too (year 1 at +01:00 is before year 1 in UTC: no datetime holds it).
+Since = Annotated[Moment | None, Query(description="oldest point returned, with its UTC offset, not before 1970")]
 SampleLimit = Annotated[int, Query(ge=1, le=10_000, description="at most this many points: the newest")]
 
 
