@@ -64,7 +64,7 @@ from bench.harness.replica_watch import (
 from controlplane.policy.actions import LowerMaxNumSeqsAction
 from controlplane.policy.conditions import ThresholdCondition
 from controlplane.policy_files import DEFAULTS_DIR, load_directory
-from enginesim.loadgen import LoadSpec
+from enginesim.loadgen import LoadSpec, percentile
 from enginesim.profiles import H100_LLAMA_8B
 from enginesim.virtual_load import run_virtual_load
 
@@ -145,7 +145,8 @@ def policy_dir(dest: Path, for_seconds: float | None, threshold: float | None = 
 
 
 def fleet_run(tmp: Path, load: Load, value: int, seconds: float, server: dict[str, Any],
-              until: Callable[[list[Tick]], bool] | None = None) -> dict[str, Any]:
+              until: Callable[[list[Tick]], bool] | None = None, live: bool = False,
+              slo: float | None = None) -> dict[str, Any]:
     """Two replicas at ``value`` under ``load`` for ``seconds`` (or until the readings so far meet ``until``,
     read every second: ``seconds`` is then the most it runs); every agent reading, the actions, the load."""
     util, streams, prompt, output = load
@@ -153,7 +154,7 @@ def fleet_run(tmp: Path, load: Load, value: int, seconds: float, server: dict[st
     replicas = [Replica(name, args=sim, gpu=i, model=MODEL) for i, name in enumerate(REPLICAS)]
     for r in replicas:
         r.extra = {"warmup": {"requests": 2, "settle_count": 0}, "drain_timeout": 5, "stop_timeout": 5,
-                   "shutdown_timeout": 2}
+                   "shutdown_timeout": 2, "live_limits": live}
     with Processes(tmp / "logs") as procs:
         fleet = Fleet.start(tmp, procs, replicas, server=server,
                             agent={"scrape_interval": SCRAPE_S, "canary_every": 1, "canary_timeout": 10})
@@ -166,16 +167,25 @@ def fleet_run(tmp: Path, load: Load, value: int, seconds: float, server: dict[st
             while time.monotonic() < end and not (until is not None and until(list(watch.ticks))):
                 time.sleep(min(1.0, max(0.0, end - time.monotonic())))
             summary = background.stop()
+            served = [r for r in background.results if r.finished and r.ok and r.itls]
         ticks = watch.stop()
         actions = [{k: a.get(k) for k in ("id", "policy", "kind", "target", "state", "created_at", "outcome")}
-                   | {"max_num_seqs": a["params"].get("max_num_seqs")} for a in fleet.actions()]
+                   | {"max_num_seqs": a["params"].get("max_num_seqs", a["params"].get("live_cap"))}
+                   for a in fleet.actions()]
+    # Each served request judged by its own inter-token p99 against the SLO: what its user saw.
+    within = (None if slo is None or not served else
+              sum(1 for r in served if (percentile(r.itls, 99) or 0.0) <= slo) / len(served))
     series = [[round(t.t, 1), {n: [r.state[:1], r.max_num_seqs, None if r.itl_p99_s is None else round(r.itl_p99_s, 4)]
                                for n, r in t.replicas.items()}] for t in ticks]
     return {"ticks": ticks, "series": series, "actions": sorted(actions, key=lambda a: a["id"]),
-            "load": {k: summary.get(k) for k in ("requests_ok", "requests_failed", "requests_cut_off")}}
+            "load": {k: summary.get(k) for k in ("requests_ok", "requests_failed", "requests_cut_off")}
+            | {"requests_within_slo_share": within}}
 
 
-def governed(tmp: Path, load: Load, args: argparse.Namespace, cond: ThresholdCondition) -> dict[str, Any]:
+def governed(tmp: Path, load: Load, args: argparse.Namespace, cond: ThresholdCondition,
+             live: bool = False) -> dict[str, Any]:
+    """The governed run: the governor's steps as restarts, or with ``live`` as live caps (the engines run the
+    live-cap plug-in)."""
     server: dict[str, Any] = {"policy_interval_seconds": 1.0}
     if args.canary_window is not None:
         server["canary_window_seconds"] = args.canary_window
@@ -193,14 +203,15 @@ def governed(tmp: Path, load: Load, args: argparse.Namespace, cond: ThresholdCon
         return (ticks[-1].t - since >= window
                 and window_meets(ticks, len(ticks) - 1, names, cond.threshold, window, cond.min_share))
 
-    run = fleet_run(tmp, load, 256, args.governed_seconds, server, until=settled if args.until_settled else None)
+    run = fleet_run(tmp, load, 256, args.governed_seconds, server, until=settled if args.until_settled else None,
+                    live=live, slo=cond.threshold)
     ticks = run.pop("ticks")
     first, for_good = slo_met(ticks, names, cond.threshold, window, cond.min_share)
     # Settled: from the last restart plus the warm-up the static run skips too, or the start of the window in
     # which the SLO was first met for good, whichever is later.
     settled_from = max(last_restart(ticks, names) + WARMUP_S, (for_good or 0.0) - window)
     end = ticks[-1].t if ticks else 0.0
-    return {"seconds": args.governed_seconds, "until_settled": args.until_settled,
+    return {"live": live, "seconds": args.governed_seconds, "until_settled": args.until_settled,
             "ran_s": ticks[-1].t if ticks else 0.0, "slo_window_s": window, "slo_first_met_s": first,
             "slo_met_s": for_good,
             "settled_values": final_values(ticks, names), "settled_from_s": settled_from,
@@ -212,7 +223,8 @@ def governed(tmp: Path, load: Load, args: argparse.Namespace, cond: ThresholdCon
 
 
 def static(tmp: Path, load: Load, value: int, seconds: float, cond: ThresholdCondition) -> dict[str, Any]:
-    run = fleet_run(tmp, load, value, seconds, {"policy_defaults": False, "policy_interval_seconds": 1.0})
+    run = fleet_run(tmp, load, value, seconds, {"policy_defaults": False, "policy_interval_seconds": 1.0},
+                    slo=cond.threshold)
     ticks = run.pop("ticks")
     warm = min(WARMUP_S, seconds / 3)
     _, for_good = slo_met(ticks, list(REPLICAS), cond.threshold, min(cond.for_, seconds - warm), cond.min_share)
@@ -250,9 +262,14 @@ def main() -> int:
     p.add_argument("--canary-window", type=float, default=None, help="the server's canary_window_seconds")
     p.add_argument("--until-settled", action="store_true",
                    help="end the governed run once the outcome is in (--governed-seconds is then the most it runs)")
+    p.add_argument("--arms", type=lambda v: [a for a in v.split(",") if a], default=["restarts", "live"],
+                   help="the governed runs, comma-separated: restarts (every step a restart), live (the engines run "
+                        "the live-cap plug-in: steps within the startup limit are live caps)")
     p.add_argument("--no-real", action="store_true", help="the sweep only")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "governor.json")
     args = p.parse_args()
+    if not args.arms or any(a not in ("restarts", "live") for a in args.arms):
+        p.error(f"--arms takes restarts and/or live, not {','.join(args.arms) or 'nothing'}")
     loads, duration = (QUICK_LOADS, 30.0) if args.quick else (LOADS, args.duration)
     if args.quick:
         # Until the outcome is in, however slow the host: a fixed 150 s was ~120 s of work plus slack, and a
@@ -283,6 +300,7 @@ def main() -> int:
                      "policy_threshold_s": args.policy_threshold or "shipped",
                      "canary_window_s": args.canary_window or "server default",
                      "governed_seconds": args.governed_seconds, "until_settled": args.until_settled,
+                     "arms": args.arms,
                      "static_seconds": args.static_seconds},
         "qualifying_loads": len(qualifying), "governable_loads": len(governable), "loads": results}
     if governable and not args.no_real:
@@ -294,28 +312,47 @@ def main() -> int:
         cut += f", canary window {args.canary_window:g} s (CUT)" if args.canary_window is not None else ""
         length = (f"until settled, {args.governed_seconds:g} s at most" if args.until_settled
                   else f"{args.governed_seconds:g} s")
-        print(f"\ngoverned run: 2 replicas at 256, load {load} per replica, {length}; {cut}",
-              flush=True)
-        with tempfile.TemporaryDirectory(prefix="bench-gov-") as tmp:
-            gov = governed(Path(tmp), load, args, cond)
+        print(f"\ngoverned runs: 2 replicas at 256, load {load} per replica, {length}; {cut}", flush=True)
+        arms: dict[str, dict[str, Any]] = {}
+        for arm in args.arms:
+            print(f"governed run, steps as {'live caps' if arm == 'live' else 'restarts'}", flush=True)
+            with tempfile.TemporaryDirectory(prefix=f"bench-gov-{arm}-") as tmp:
+                arms[arm] = governed(Path(tmp), load, args, cond, live=arm == "live")
+        gov = arms.get("restarts") or arms["live"]
         best = int(chosen["best_static"])
         print(f"static run: 2 replicas at {best}, same load, {args.static_seconds:g} s", flush=True)
         with tempfile.TemporaryDirectory(prefix="bench-static-") as tmp:
             ref = static(Path(tmp), load, best, args.static_seconds, cond)
-        ratio = (gov["throughput_settled"] / ref["throughput"]
-                 if gov["throughput_settled"] and ref["throughput"] else None)
+        def vs_static(run: dict[str, Any]) -> float | None:
+            return (run["throughput_settled"] / ref["throughput"]
+                    if run["throughput_settled"] and ref["throughput"] else None)
+
+        ratio = vs_static(gov)
         doc["real"] = {"load": load, "policies": cut, "governed": gov, "static": ref, "throughput_ratio": ratio}
-        for a in gov["actions"]:
-            print(f"  action {a['id']}: {a['policy']} {a['kind']} {a['target']} -> {a['max_num_seqs']} "
-                  f"[{a['state']}] {a['outcome'] or ''}")
-        print(table(["", "SLO met (for good)", "value", "tokens/s (settled)", "readings > SLO", "vs best static"],
-                    [["governed", fmt(gov["slo_met_s"], " s"), str(gov["settled_values"]),
-                      fmt(gov["throughput_settled"], "", 0), fmt((gov["breach_share_settled"] or 0) * 100, " %"),
-                      fmt(ratio * 100 if ratio else None, " %", 0)],
-                     [f"static {best}", fmt(ref["slo_met_s"], " s"), str(best), fmt(ref["throughput"], "", 0),
-                      fmt((ref["breach_share"] or 0) * 100, " %"), ""]]))
-        print(f"first met at {fmt(gov['slo_first_met_s'], ' s')}; settled span {gov['settled_span_s']:.0f} s; "
-              f"256 before the governor: {fmt(gov['throughput_at_256'], ' tokens/s', 0)}; {host_note()}")
+        if "live" in arms:
+            doc["real"]["governed_live"] = arms["live"]
+            doc["real"]["throughput_ratio_live"] = vs_static(arms["live"])
+        rows = []
+        for arm, run in arms.items():
+            for a in run["actions"]:
+                print(f"  {arm} action {a['id']}: {a['policy']} {a['kind']} {a['target']} -> {a['max_num_seqs']} "
+                      f"[{a['state']}] {a['outcome'] or ''}")
+            share = run["load"]["requests_within_slo_share"]
+            rows.append([f"governed, {arm}", fmt(run["slo_met_s"], " s"), str(run["settled_values"]),
+                         fmt(run["throughput_settled"], "", 0), fmt((run["breach_share_settled"] or 0) * 100, " %"),
+                         fmt(None if share is None else share * 100, " %"), str(run["load"]["requests_failed"]),
+                         fmt((r := vs_static(run)) and r * 100, " %", 0)])
+        share = ref["load"]["requests_within_slo_share"]
+        rows.append([f"static {best}", fmt(ref["slo_met_s"], " s"), str(best), fmt(ref["throughput"], "", 0),
+                     fmt((ref["breach_share"] or 0) * 100, " %"), fmt(None if share is None else share * 100, " %"),
+                     str(ref["load"]["requests_failed"]), ""])
+        print(table(["", "SLO met (for good)", "value", "tokens/s (settled)", "readings > SLO",
+                     "requests within SLO", "failed", "vs best static"], rows))
+        for arm, run in arms.items():
+            print(f"{arm}: first met at {fmt(run['slo_first_met_s'], ' s')}; settled span "
+                  f"{run['settled_span_s']:.0f} s; 256 before the governor: "
+                  f"{fmt(run['throughput_at_256'], ' tokens/s', 0)}")
+        print(host_note())
     write_json(args.out, "governor", doc)
     print(f"wrote {args.out}")
     return 0

@@ -37,9 +37,12 @@ class Tick:
 
 
 def reading(status: dict[str, Any]) -> Reading:
+    """One replica's poll; its ``max_num_seqs`` is the running limit: the live cap in effect where its plug-in
+    is active (no restart to change it), else the ``--max-num-seqs`` it was started with."""
     engine = status.get("engine") or {}
-    return Reading(state=str(status.get("state")), max_num_seqs=get_int_flag(status.get("engine_args") or [],
-                                                                              "--max-num-seqs"),
+    live = status.get("live_cap")
+    flag = get_int_flag(status.get("engine_args") or [], "--max-num-seqs")
+    return Reading(state=str(status.get("state")), max_num_seqs=int(live) if live is not None else flag,
                    itl_p99_s=engine.get("itl_p99_seconds"), tokens_total=engine.get("generation_tokens_total"),
                    generation=int(status.get("generation") or 0))
 

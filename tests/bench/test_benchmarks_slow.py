@@ -89,10 +89,10 @@ def test_leak_is_caught_before_exhaustion_and_flat_memory_never_is(tmp_path: Pat
     assert doc["false_positives"]["evaluations"] > 200
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)
 @pytest.mark.solo  # the simulated engines' inter-token latency is what the SLO reads
 def test_governor_meets_the_itl_slo_on_real_processes_by_lowering_max_num_seqs(tmp_path: Path) -> None:
-    doc = run_quick("governor.py", tmp_path / "gov.json", timeout=460)
+    doc = run_quick("governor.py", tmp_path / "gov.json", timeout=880)
     ladder = doc["settings"]["ladder"]
     assert ladder[0] == 256 and ladder[-1] == 16
     [load] = doc["loads"]
@@ -113,6 +113,15 @@ def test_governor_meets_the_itl_slo_on_real_processes_by_lowering_max_num_seqs(t
     assert all(v is not None and v < 256 for v in gov["settled_values"].values()), summary
     assert gov["slo_first_met_s"] is not None and gov["slo_met_s"] is not None, summary
     assert real["static"]["throughput"] and gov["throughput_settled"], real
+    # The same overload with the engines running the live-cap plug-in: the governor's steps are live caps (no
+    # restart: every replica keeps its generation), and the SLO is met on both replicas to the end.
+    live = real["governed_live"]
+    live_summary = {k: v for k, v in live.items() if k not in ("series", "actions")}
+    capped = [a for a in live["actions"] if a["kind"] == "set_live_cap"]
+    assert capped and capped[0]["policy"] == "itl-slo" and capped[0]["max_num_seqs"] < 256, live["actions"]
+    assert not [a for a in live["actions"] if a["kind"] in ("lower_max_num_seqs", "restart")], live["actions"]
+    assert all(v is not None and v < 256 for v in live["settled_values"].values()), live_summary
+    assert live["slo_met_s"] is not None and live["load"]["requests_failed"] == 0, live_summary
 
 
 @pytest.mark.timeout(300)
