@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from sqlalchemy import inspect, text
+from sqlalchemy import Connection, inspect, text
 
 from controlplane.store.db import current_revision, downgrade, head_revision, make_engine, migrate
 
 NEW_TABLES = {"actions", "audit_log", "alerts", "notification_deliveries", "api_tokens"}
+
+
+def _a_node(conn: Connection, *, cordoned: bool) -> None:
+    """Node gpu-a as the first revision's table holds it, at sequence 7."""
+    conn.execute(text(
+        "INSERT INTO nodes (name, hostname, agent_version, first_seen_at, last_report_at, last_sent_at, "
+        "last_sequence, reports_total, status, cordoned) VALUES ('gpu-a', 'h', '0.1', '2026-11-29 12:00:00', "
+        "'2026-11-29 12:00:00', '2026-11-29 12:00:00', 7, 7, 'up', :cordoned)"), {"cordoned": cordoned})
 
 
 def test_up_from_empty(db_url: str) -> None:
@@ -28,10 +36,7 @@ def test_up_from_the_previous_revision_keeps_the_fleet(db_url: str) -> None:
         assert current_revision(engine) == "0001"
         assert not NEW_TABLES & set(inspect(engine).get_table_names())
         with engine.begin() as conn:
-            conn.execute(text(
-                "INSERT INTO nodes (name, hostname, agent_version, first_seen_at, last_report_at, last_sent_at, "
-                "last_sequence, reports_total, status, cordoned) VALUES ('gpu-a', 'h', '0.1', "
-                "'2026-11-29 12:00:00', '2026-11-29 12:00:00', '2026-11-29 12:00:00', 7, 7, 'up', false)"))
+            _a_node(conn, cordoned=False)
         migrate(engine)
         assert current_revision(engine) == head_revision()
         with engine.connect() as conn:
@@ -46,10 +51,7 @@ def test_0006_adds_gpu_cordons_and_stack_dump_asks_and_goes_back_down(db_url: st
     try:
         migrate(engine, "0005")
         with engine.begin() as conn:
-            conn.execute(text(
-                "INSERT INTO nodes (name, hostname, agent_version, first_seen_at, last_report_at, last_sent_at, "
-                "last_sequence, reports_total, status, cordoned) VALUES ('gpu-a', 'h', '0.1', "
-                "'2026-11-29 12:00:00', '2026-11-29 12:00:00', '2026-11-29 12:00:00', 7, 7, 'up', true)"))
+            _a_node(conn, cordoned=True)
             conn.execute(text(
                 "INSERT INTO desired_replicas (node, name, generation, engine_args, enabled, updated_at) "
                 "VALUES ('gpu-a', 'r0', 3, '[]', true, '2026-11-29 12:00:00')"))
@@ -76,10 +78,7 @@ def test_0010_adds_live_caps_without_touching_the_fleet_and_goes_back_down(db_ur
     try:
         migrate(engine, "0009")
         with engine.begin() as conn:
-            conn.execute(text(
-                "INSERT INTO nodes (name, hostname, agent_version, first_seen_at, last_report_at, last_sent_at, "
-                "last_sequence, reports_total, status, cordoned) VALUES ('gpu-a', 'h', '0.1', "
-                "'2026-11-29 12:00:00', '2026-11-29 12:00:00', '2026-11-29 12:00:00', 7, 7, 'up', false)"))
+            _a_node(conn, cordoned=False)
             conn.execute(text(
                 "INSERT INTO desired_replicas (node, name, generation, engine_args, enabled, updated_at) "
                 "VALUES ('gpu-a', 'r0', 3, '[\"--max-num-seqs\", \"64\"]', true, '2026-11-29 12:00:00')"))
