@@ -114,15 +114,13 @@ def live_cap(scheduler_cls: str, startup_limit: int) -> Callable[[], int]:
     """The live cap of a ``--scheduler-cls`` plug-in, read at each step: its module is imported by name from the
     engine's PYTHONPATH as vLLM imports it (an import that fails stops the engine, as it stops vLLM), and its
     cap file (``CapFile``, named in its ``ENV_FILE`` variable) is what the simulated scheduler obeys. A class the
-    simulator cannot drive (no ``CapFile``) leaves the startup limit."""
+    simulator cannot drive (no ``CapFile`` and ``about``) leaves the startup limit."""
     module_name, _, _ = scheduler_cls.rpartition(".")
     module: Any = importlib.import_module(module_name)
-    if not hasattr(module, "CapFile"):
+    if not (hasattr(module, "CapFile") and hasattr(module, "about")):
         return lambda: startup_limit
-    version = VLLM_VERSION
-    about = {"pid": os.getpid(), "vllm": version, "tested": version in module.TESTED_VERSIONS,
-             "scheduler": "enginesim.scheduler.Scheduler", "active": True, "reason": None}
-    cap_file = module.CapFile(os.environ.get(module.ENV_FILE), startup_limit, about=about)
+    cap_file = module.CapFile(os.environ.get(module.ENV_FILE), startup_limit,
+                              about=module.about(VLLM_VERSION, "enginesim.scheduler.Scheduler"))
     return cast(Callable[[], int], cap_file.current)
 
 

@@ -154,6 +154,13 @@ def _vllm_version() -> str:
         return "unknown"
 
 
+def about(version: str, scheduler: str) -> dict[str, Any]:
+    """What the state file says of the engine it runs in: this process, its vLLM version (and whether the
+    plug-in was tested on it), the scheduler class it caps."""
+    return {"pid": os.getpid(), "vllm": version, "tested": version in TESTED_VERSIONS, "scheduler": scheduler,
+            "active": True, "reason": None}
+
+
 def LiveCapScheduler(*args: Any, **kwargs: Any) -> Any:  # vLLM resolves it by name and calls it as a class
     """The scheduler for this engine: vLLM's own (asynchronous or not, as it chose) with the live cap."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -161,12 +168,9 @@ def LiveCapScheduler(*args: Any, **kwargs: Any) -> Any:  # vLLM resolves it by n
 
     vllm_config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
     base: type = AsyncScheduler if getattr(vllm_config.scheduler_config, "async_scheduling", False) else Scheduler
-    version = _vllm_version()
-    about: dict[str, Any] = {"pid": os.getpid(), "vllm": version, "tested": version in TESTED_VERSIONS,
-                             "scheduler": base.__name__, "active": True, "reason": None}
     capped = type(f"LiveCap{base.__name__}", (LiveCapMixin, base), {"__module__": __name__})
     scheduler = capped(*args, **kwargs)
-    return enable(scheduler, about)
+    return enable(scheduler, about(_vllm_version(), base.__name__))
 
 
 def enable(scheduler: Any, about: dict[str, Any]) -> Any:

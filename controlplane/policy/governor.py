@@ -51,6 +51,7 @@ from controlplane.policy.detectors.findings import Finding, covering, evidence_o
 from controlplane.policy.detectors.slo import OPS, detect_threshold, signal_holds
 from controlplane.policy.durations import format_duration
 from controlplane.policy.kinds import ActionKind
+from controlplane.policy.live_cap import takes
 from controlplane.policy.memory import breach_ceiling
 from controlplane.policy.payloads import AlertPayload, Judge, MaxNumSeqsPayload, SetLiveCapPayload
 from controlplane.policy.policy import Policy
@@ -158,8 +159,7 @@ def at_value(replica: Replica, value: int) -> list[ReplicaSample]:
 def live_step(replicas: Sequence[Replica], value: int) -> bool:
     """Whether a step to ``value`` is a live cap on every one of ``replicas`` (their plug-ins active, and the
     value within each engine's startup limit), rather than a restart with a new --max-num-seqs."""
-    return all(r.live and r.live_limits is not None and r.live_limits.startup_limit is not None
-               and value <= r.live_limits.startup_limit for r in replicas)
+    return all(takes(r.live_limits, value) for r in replicas)
 
 
 def _change(policy: Policy, action: LowerMaxNumSeqsAction, kind: str, replicas: Sequence[Replica], value: int,

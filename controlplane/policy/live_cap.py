@@ -33,6 +33,27 @@ def reported(live_limits: Mapping[str, Any] | None) -> LiveLimits | None:
         return None
 
 
+def takes(limits: LiveLimits | None, cap: int | None = None) -> bool:
+    """Whether an engine whose plug-in reported ``limits`` changes its running limit live: the plug-in active with
+    its startup limit known, and ``cap`` (when given) within that limit."""
+    return (limits is not None and limits.active and limits.startup_limit is not None
+            and (cap is None or cap <= limits.startup_limit))
+
+
+def asked_limit(limits: LiveLimits | None) -> int | None:
+    """The most requests an engine is asked to run at once through its active plug-in: the cap asked, never above
+    the startup limit, or the startup limit with no cap; None when it does not take a live cap."""
+    if limits is None or not takes(limits):
+        return None
+    assert limits.startup_limit is not None
+    return limits.startup_limit if limits.asked is None else min(limits.asked, limits.startup_limit)
+
+
+def cap_words(cap: int | None) -> str:
+    """A cap as outcomes say it."""
+    return "no live cap" if cap is None else f"live cap {cap}"
+
+
 def unavailable(key: str, limits: LiveLimits | None) -> str | None:
     """Why ``key`` cannot take a live cap now, or None when its plug-in is active."""
     if limits is None:

@@ -273,10 +273,6 @@ class SetLiveCapPayload(Applied):
         """Whether an engine whose agent last wrote ``asked`` still lacks this cap."""
         return asked != self.live_cap
 
-    @property
-    def change(self) -> str:
-        return "the live cap lifted" if self.live_cap is None else f"a live cap of {self.live_cap}"
-
 
 class CordonPayload(_Payload):
     """Fence a node, or with ``scope: gpu`` one GPU of it (only the replicas using it drain), or give it back."""

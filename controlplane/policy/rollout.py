@@ -32,7 +32,7 @@ from agent.wire import LiveLimits, ReplicaState
 from controlplane.policy.canary import LATENCIES, judge_canary
 from controlplane.policy.guardrails import GuardConfig
 from controlplane.policy.lifecycle import ActionState
-from controlplane.policy.live_cap import cap_progress
+from controlplane.policy.live_cap import cap_progress, cap_words
 from controlplane.policy.payloads import (
     AddEngineFlagPayload,
     CanaryVerdictRecord,
@@ -302,15 +302,10 @@ def _back(action: CanaryPayload, plan: RolloutPlan, key: str) -> DesiredWrite:
 
 def _undo(action: CanaryPayload) -> str:
     if isinstance(action, SetLiveCapPayload):
-        return "rolled back to " + ("no live cap" if action.previous is None else f"live cap {action.previous}")
+        return f"rolled back to {cap_words(action.previous)}"
     if isinstance(action, MaxNumSeqsPayload):
         return f"rolled back to --max-num-seqs {action.previous}"
     return f"rolled back to its arguments without {action.change}"
-
-
-def _cap_words(action: RolloutPayload) -> str:
-    assert isinstance(action, SetLiveCapPayload)
-    return "no live cap" if action.live_cap is None else f"live cap {action.live_cap}"
 
 
 def step(action: RolloutPayload, plan: RolloutPlan, model: str | None, observed: Observed, now: datetime,
@@ -359,9 +354,9 @@ def step(action: RolloutPayload, plan: RolloutPlan, model: str | None, observed:
             plan = plan.model_copy(update={"done": [*plan.done, *plan.batch], "batch": {}, "batch_ready_at": None,
                                            "waiting": None})
     if not plan.queue:
-        if live:
+        if isinstance(action, SetLiveCapPayload):
             return Step(plan, verdict=(ActionState.SUCCEEDED, f"{len(plan.done)} replica(s) at "
-                                       f"{_cap_words(action)} with no restart: {', '.join(plan.done)}"))
+                                       f"{cap_words(action.live_cap)} with no restart: {', '.join(plan.done)}"))
         return Step(plan, verdict=(ActionState.SUCCEEDED, f"{len(plan.done)} replica(s) READY at their new "
                                    f"generation: {', '.join(plan.done)}"))
     waiting = None if live else _budget_wait(model, plan.queue[0], observed, settings.guard)

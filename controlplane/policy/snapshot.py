@@ -17,6 +17,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from agent.wire import LiveLimits, ReplicaState, ReplicaStatus
 from controlplane.policy.engine_args import MAX_NUM_SEQS, flags_key, get_int_flag
+from controlplane.policy.live_cap import asked_limit, takes
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -146,15 +147,14 @@ class Replica(_Frozen):
     @property
     def live(self) -> bool:
         """Its engine's live-cap plug-in is active: its running limit changes with no restart."""
-        return self.live_limits is not None and self.live_limits.active and self.live_limits.startup_limit is not None
+        return takes(self.live_limits)
 
     @property
     def running_limit(self) -> int | None:
         """The most requests it is asked to run at once: its live cap where one is asked of an active plug-in
         (never above the startup limit), else its --max-num-seqs (None: vLLM's default)."""
-        limits = self.live_limits
-        if self.live and limits is not None and limits.asked is not None and limits.startup_limit is not None:
-            return min(limits.asked, limits.startup_limit)
+        if self.live_limits is not None and self.live_limits.asked is not None:
+            return asked_limit(self.live_limits) or self.max_num_seqs
         return self.max_num_seqs
 
     @property

@@ -27,7 +27,7 @@ from agent.wire import ReplicaState
 from controlplane.fleet.desired import DesiredChange, set_desired
 from controlplane.policy.kinds import spec
 from controlplane.policy.lifecycle import ActionState
-from controlplane.policy.live_cap import cap_progress, reported
+from controlplane.policy.live_cap import cap_progress, cap_words, reported
 from controlplane.policy.payloads import (
     AddEngineFlagPayload,
     AlertPayload,
@@ -232,8 +232,8 @@ def judge_live_cap(cap: int | None, keys: list[str], replicas: Mapping[str, Repl
         if where == "pending":
             pending.append(key)
     if not pending:
-        what = "no live cap" if cap is None else f"live cap {cap}"
-        return S.SUCCEEDED, f"{what} written for {', '.join(keys)}: taken at the engine's next step, no restart"
+        return S.SUCCEEDED, (f"{cap_words(cap)} written for {', '.join(keys)}: taken at the engine's next step, "
+                             "no restart")
     if started_at is not None and now - started_at > deadline:
         return S.FAILED, f"deadline of {deadline.total_seconds():g}s passed; waiting on {', '.join(pending)}"
     return None

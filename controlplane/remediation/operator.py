@@ -23,7 +23,7 @@ from controlplane.policy.engine_args import MAX_NUM_SEQS, get_int_flag
 from controlplane.policy.guardrails import Decision, GuardConfig, Verdict, decide
 from controlplane.policy.kinds import KINDS, ActionKind
 from controlplane.policy.lifecycle import OPEN, ActionState
-from controlplane.policy.live_cap import above_startup, reported, unavailable
+from controlplane.policy.live_cap import above_startup, asked_limit, reported, takes, unavailable
 from controlplane.policy.payloads import (
     CordonPayload,
     DrainPayload,
@@ -205,11 +205,10 @@ def _max_num_seqs_proposal(session: Session, model: str, request: ModelActionReq
     value = request.max_num_seqs
     live = {f"{r.node}/{r.name}": reported(r.live_limits) for r in rows}
     # Every replica's plug-in active and the value within each engine's startup limit: a live cap, no restart.
-    if all(unavailable(k, lim) is None and lim is not None and above_startup(k, lim, value) is None
-           for k, lim in live.items()):
+    if all(takes(limits, value) for limits in live.values()):
         limits = live[key]
-        assert limits is not None and limits.startup_limit is not None
-        current = min(limits.asked or limits.startup_limit, limits.startup_limit)
+        current = asked_limit(limits)
+        assert limits is not None and current is not None
         if value == current:
             raise Conflict(f"{key} already runs at most {value} requests at once (its live cap): nothing to change")
         judge = Judge(latencies=["itl_p99_seconds"],
