@@ -21,6 +21,7 @@ prefix_hits         counter    vllm:prefix_cache_hits_total, vllm:gpu_prefix_cac
 ttft                histogram  vllm:time_to_first_token_seconds
 itl                 histogram  vllm:inter_token_latency_seconds, vllm:time_per_output_token_seconds
 e2e                 histogram  vllm:e2e_request_latency_seconds
+steps               histogram  vllm:iteration_tokens_total (its count: one per engine step)
 ==================  =========  ==================================================================
 
 ``errors_per_second`` is the users' errors: the agent's own canaries that it cut at their deadline are aborted
@@ -32,12 +33,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from operator import itemgetter
 from typing import Literal
 
 from agent.prom_lines import PromTextError, SampleSelector, SeriesError, Shape
 from agent.quantiles import bucket_delta, quantile
-from agent.wire import EngineSample, bounded
+from agent.wire import MAX_BUCKETS, EngineSample, EngineWindow, WindowHistogram, bounded
 
 Kind = Literal["gauge", "gauge-max", "counter", "histogram"]
 
@@ -67,6 +69,7 @@ ENGINE_METRICS: tuple[EngineMetric, ...] = (
     EngineMetric("ttft", "histogram", ("vllm:time_to_first_token_seconds",)),
     EngineMetric("itl", "histogram", ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")),
     EngineMetric("e2e", "histogram", ("vllm:e2e_request_latency_seconds",)),
+    EngineMetric("steps", "histogram", ("vllm:iteration_tokens_total",)),
 )
 
 
@@ -242,13 +245,41 @@ def _window_quantiles(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None
     return [quantile(q, window) for q in qs]
 
 
+def _window_histogram(key: str, cur: EngineSnapshot, prev: EngineSnapshot) -> WindowHistogram | None:
+    """Histogram ``key`` over the window as counts per bucket; None when the engine has none or saw nothing."""
+    if key not in cur.histograms:
+        return None
+    window = bucket_delta(cur.histograms[key], prev.histograms.get(key))
+    bounds = sorted(window)
+    if not bounds or not math.isinf(bounds[-1]) or len(bounds) > MAX_BUCKETS + 1:
+        return None
+    cumulative = [window[le] for le in bounds]
+    counts = [max(0.0, c - before) for c, before in zip(cumulative, [0.0, *cumulative[:-1]], strict=True)]
+    if not sum(counts) or not all(math.isfinite(c) for c in counts):
+        return None
+    return WindowHistogram(bounds=bounds[:-1], counts=counts)
+
+
+def engine_window(cur: EngineSnapshot, prev: EngineSnapshot | None, ended_at: datetime | None) -> EngineWindow | None:
+    """The per-request latencies observed between two scrapes, for judging a canary on evidence."""
+    if prev is None or ended_at is None or cur.at <= prev.at:
+        return None
+    steps = None
+    if "steps" in cur.histograms:
+        total = bucket_delta(cur.histograms["steps"], prev.histograms.get("steps")).get(math.inf)
+        steps = bounded(total, 0.0, math.inf)
+    return EngineWindow(ended_at=ended_at, seconds=cur.at - prev.at, steps=steps,
+                        ttft=_window_histogram("ttft", cur, prev), itl=_window_histogram("itl", cur, prev))
+
+
 _RATIOS = frozenset({"kv_cache_usage_ratio", "prefix_cache_hit_ratio"})
 
 
 def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None, stalled: bool | None = None,
-                  own_errors: float = 0.0) -> EngineSample:
+                  own_errors: float = 0.0, ended_at: datetime | None = None) -> EngineSample:
     """Gauges from ``cur``; rates and window quantiles from ``cur - prev`` (``None`` without ``prev``).
-    ``own_errors``: errors of the window that were the agent's own aborted canaries, left out of the rate."""
+    ``own_errors``: errors of the window that were the agent's own aborted canaries, left out of the rate.
+    ``ended_at``: the wall clock at ``cur``, which names the window's histograms (none without it)."""
     v = cur.values
     ttft = _window_quantiles("ttft", cur, prev, (0.5, 0.95, 0.99))
     itl = _window_quantiles("itl", cur, prev, (0.5, 0.95, 0.99))
@@ -277,5 +308,5 @@ def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None, stalled: boo
     }
     # An engine's NaN, +Inf or negative number (or a window over one) is no reading: it goes as None, never as a
     # value the control plane refuses with the whole report.
-    return EngineSample(stalled=stalled, **{
+    return EngineSample(stalled=stalled, window=engine_window(cur, prev, ended_at), **{
         name: bounded(value, 0.0, 1.0 if name in _RATIOS else math.inf) for name, value in readings.items()})

@@ -16,6 +16,7 @@ figures, sent again in every report, would read as a counter standing still (doc
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from urllib.parse import urlencode
 
 import httpx
@@ -67,7 +68,8 @@ class EngineScraper:
     """Keeps the previous snapshot of one engine so each scrape yields rates over the last window."""
 
     def __init__(self, client: httpx.AsyncClient, base_url: str, model: str | None,
-                 clock: Callable[[], float], timeout: float = 10.0) -> None:
+                 clock: Callable[[], float], timeout: float = 10.0,
+                 wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.client = client
         # vLLM serves /metrics with prometheus_client's ASGI app, which honours ``name[]``: it sends only the
         # series asked for (~80 lines instead of ~600, less work for a busy API server too). An engine that
@@ -75,6 +77,7 @@ class EngineScraper:
         self.url = base_url.rstrip("/") + "/metrics?" + urlencode([("name[]", n) for n in sorted(WANTED_NAMES)])
         self.model = model or None
         self.clock = clock
+        self.wall = wall  # names each window's histograms: the control plane counts a window once
         self.timeout = timeout
         self.errors_total = 0
         self._request: httpx.Request | None = None
@@ -109,7 +112,8 @@ class EngineScraper:
         finally:
             self.asked_at = None
         own = self._own_errors(snap, own_aborts)
-        sample = engine_sample(snap, self.previous, is_stalled(snap, self.previous), own_errors=own)
+        sample = engine_sample(snap, self.previous, is_stalled(snap, self.previous), own_errors=own,
+                               ended_at=self.wall())
         self.previous = snap
         self.last = sample
         return sample

@@ -23,6 +23,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     ValidationError,
     model_serializer,
+    model_validator,
 )
 
 PROTOCOL_VERSION = 1
@@ -152,6 +153,41 @@ class GpuSample(_Grown):
     _added_fields = ("cordoned", "xids")
 
 
+MAX_BUCKETS = 64
+
+
+class WindowHistogram(_Wire):
+    """One engine histogram over one scrape window: the observations that fell into each bucket (not cumulative),
+    ``counts[i]`` at most ``bounds[i]`` and above the bound before it, the last count above every bound."""
+
+    bounds: list[NonNegative] = Field(max_length=MAX_BUCKETS)  # the finite upper bounds, increasing
+    counts: list[NonNegative] = Field(max_length=MAX_BUCKETS + 1)
+
+    @model_validator(mode="after")
+    def _shape(self) -> WindowHistogram:
+        if len(self.counts) != len(self.bounds) + 1:
+            raise ValueError(f"{len(self.counts)} counts for {len(self.bounds)} bounds: need one more than bounds")
+        if any(b >= a for a, b in zip(self.bounds[1:], self.bounds, strict=False)):
+            raise ValueError("bounds must increase")
+        return self
+
+    @property
+    def total(self) -> float:
+        return sum(self.counts)
+
+
+class EngineWindow(_Wire):
+    """The per-request latencies one scrape window observed, for judging a canary on evidence
+    (``controlplane.policy.evidence``): which window it was (it travels again in every report until the next
+    scrape), how long, how many engine steps it held, and its TTFT and inter-token latency histograms."""
+
+    ended_at: Moment  # the agent's clock at the scrape that closed the window
+    seconds: NonNegative
+    steps: NonNegative | None = None  # engine iterations (vllm:iteration_tokens_total's count) in the window
+    ttft: WindowHistogram | None = None
+    itl: WindowHistogram | None = None
+
+
 class EngineSample(_Grown):
     """What the agent read from one engine's /metrics over the last interval (rates and window quantiles)."""
 
@@ -178,8 +214,10 @@ class EngineSample(_Grown):
     scrape_error: str | None = Field(default=None, max_length=2000)
     # Sequences preempted per second over the interval (KV cache full: their work is recomputed later).
     preemptions_per_second: NonNegative | None = None
+    # The window's latency histograms (absent on the first scrape and after an unread one).
+    window: EngineWindow | None = None
 
-    _added_fields = ("preemptions_per_second",)
+    _added_fields = ("preemptions_per_second", "window")
 
     def preemption_rate(self) -> float | None:
         """Preemptions per second, an omitted rate read as zero when this sample has rates at all (the agent

@@ -52,9 +52,10 @@ GPU_SERIES = ("temperature_celsius", "memory_used_bytes", "utilization_ratio", "
               "ecc_uncorrected_total")
 
 
-def replica_series_values(status: ReplicaStatus) -> dict[str, float]:
-    """The numeric readings of one replica worth charting; fields the agent could not read are left out."""
-    values: dict[str, float] = {}
+def replica_series_values(status: ReplicaStatus) -> dict[str, Any]:
+    """The numeric readings of one replica worth charting; fields the agent could not read are left out. Plus
+    the scrape window's latency histograms, which a canary is judged on (retention's averages drop them)."""
+    values: dict[str, Any] = {}
     for part, field in REPLICA_SERIES:
         sample = getattr(status, part)
         value = None if sample is None else getattr(sample, field)
@@ -75,6 +76,8 @@ def replica_series_values(status: ReplicaStatus) -> dict[str, float]:
         values["max_num_seqs"] = float(max_num_seqs)
     if status.live_cap is not None:
         values["live_cap"] = float(status.live_cap)  # the cap in effect: what a canary's readings ran under
+    if status.engine is not None and status.engine.window is not None:
+        values["window"] = status.engine.window.model_dump(mode="json", exclude_none=True)
     values["generation"] = float(status.generation)
     values["flags_key"] = float(flags_key(status.engine_args))
     return values

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from agent.engine_metrics import MetricsParseError, engine_sample, parse_metrics
-from agent.wire import EngineSample
+from agent.wire import EngineSample, WindowHistogram
 from tests.agent.vllm_text import render
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -93,6 +95,33 @@ def test_window_quantiles_ignore_lifetime_history() -> None:
     # Lifetime p99 would still read ~0.05 s; the window shows the regression.
     assert sample.ttft_p50_seconds is not None and 2.5 < sample.ttft_p50_seconds <= 5.0
     assert sample.itl_p99_seconds is not None and 0.2 < sample.itl_p99_seconds <= 0.3
+
+
+def test_a_window_carries_its_latency_histograms_and_engine_steps_as_recorded_from_vllm() -> None:
+    # Two scrapes of the CPU build 0.32 before and after a few requests.
+    recorded = Path(__file__).parents[1] / "fixtures" / "vllm-0.32.0-cpu"
+    cold = parse_metrics((recorded / "metrics-cold.txt").read_text(), at=0.0)
+    warm = parse_metrics((recorded / "metrics-warm.txt").read_text(), at=10.0)
+    ended = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    window = engine_sample(warm, cold, ended_at=ended).window
+    assert window is not None and window.ended_at == ended and window.seconds == 10.0
+    # Its steps are vllm:iteration_tokens_total's count; its counts are per bucket, the last above every bound.
+    assert window.steps == 95.0
+    assert window.itl is not None and window.itl.bounds[:3] == [0.01, 0.025, 0.05] and window.itl.total == 87.0
+    assert window.ttft is not None and len(window.ttft.counts) == len(window.ttft.bounds) + 1
+    assert window.ttft.total == 8.0
+    # No wall clock, or a first scrape: no window (the control plane could not tell one from the next).
+    assert engine_sample(warm, cold).window is None and engine_sample(warm, None, ended_at=ended).window is None
+    # An idle window has steps but no latency histograms.
+    idle = engine_sample(parse_metrics((recorded / "metrics-warm.txt").read_text(), at=15.0), warm, ended_at=ended)
+    assert idle.window is not None and idle.window.itl is None and idle.window.steps == 0.0
+
+
+def test_a_window_histogram_with_the_wrong_shape_is_refused_naming_it() -> None:
+    with pytest.raises(ValidationError, match="need one more than bounds"):
+        WindowHistogram(bounds=[0.1, 0.2], counts=[1.0, 2.0])
+    with pytest.raises(ValidationError, match="bounds must increase"):
+        WindowHistogram(bounds=[0.2, 0.1], counts=[1.0, 2.0, 0.0])
 
 
 @pytest.mark.parametrize("text", ["<html>502 Bad Gateway</html>", "vllm:x{{{ 1\n", "", "# only comments\n",
