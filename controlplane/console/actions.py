@@ -6,7 +6,7 @@ verdicts and the evidence behind them; the proposals waiting for an operator; th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -95,11 +95,28 @@ def evidence_lines(action: Json, points: int = EVIDENCE_POINTS) -> list[str]:
                     and (theirs := figures.get("peers_" + key.removeprefix("canary_"))) is not None]
         if compared:
             lines.append("  canary vs baseline: " + "; ".join(compared))
+        lines += evidence_figures(figures)
     if rollout is not None and rollout.baseline:
         baseline = rollout.baseline
         lines.append("  judged against: " + (", ".join(baseline) if isinstance(baseline, list) else str(baseline)))
     if rollout is not None and rollout.waiting:
         lines.append(f"rollout {rollout.waiting}")
+    return lines
+
+
+def evidence_figures(figures: Mapping[str, float | None]) -> list[str]:
+    """Where a canary's evidence stands, per judged latency: θ (the chance one of its observations exceeds
+    ``ratio`` times one of the baseline's), n a side, and z against the boundary a verdict needs."""
+    lines = []
+    bound, ratio = figures.get("z_boundary"), figures.get("ratio")
+    for latency in ("itl", "ttft"):
+        effect, z = figures.get(f"{latency}_effect"), figures.get(f"{latency}_z")
+        if effect is None or z is None or bound is None:
+            continue
+        mine, theirs = figures.get(f"{latency}_n_canary") or 0, figures.get(f"{latency}_n_baseline") or 0
+        standing = "worse" if z > bound else "no worse" if z < -bound else "undecided"
+        lines.append(f"  evidence, {latency}: P(canary > {ratio or 1:.2f}x baseline) {effect:.2f} over "
+                     f"n {mine:,.0f} vs {theirs:,.0f}; z {z:+.1f}, a verdict at ±{bound:.2f}: {standing}")
     return lines
 
 
@@ -209,13 +226,16 @@ def _time_left(action: Json, progress: _Progress, now: datetime, canary_window: 
         ready = rollout.canary_ready_at
         if ready is None:
             return "time left: known once the canary is back"
-        if rollout.canary_verdict is not None and rollout.canary_verdict.verdict == "wait":
+        verdict = rollout.canary_verdict
+        if verdict is not None and verdict.verdict == "wait" and not verdict.reason.startswith("evidence"):
             return "canary judged once enough of its readings come"  # its window has run
         judged_at = rollout.canary_judged_at or (None if canary_window is None else ready + canary_window)
         if judged_at is None:  # a plan recorded before it kept the moment
             return f"canary READY for {_seconds_text((now - ready).total_seconds())}, judged once its window has run"
         due = (judged_at - now).total_seconds()
-        return f"canary judged in about {_seconds_text(due)}" if due > 0 else "canary judged any moment now"
+        if due <= 0:
+            return "canary judged any moment now"
+        return f"canary judged within {_seconds_text(due)}, sooner once its evidence is in"
     if rollout.phase != "rolling" or not (rollout.queue or rollout.batch) or started is None:
         return None
     if rollout.canary is not None:

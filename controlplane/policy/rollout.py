@@ -10,10 +10,12 @@ the store or a clock.
 When the current batch reports READY at its new generation, and has stayed so for ``settle`` (the time a load
 balancer's health checks take to put it back in rotation), the next batch starts, if the model's disruption
 budget still holds without it (drain -> stop -> start -> warm -> READY is the agent's). A canary (a governed
-``--max-num-seqs`` change, or a flag rung, on one replica with peers) first converges on its own, then runs
-beside its peers for ``canary_window``; ``canary.judge_canary`` compares them over the window's second half
-(the first is the canary's warm-up under load), and the change is rolled to the peers one at a time (pass) or
-the canary gets its previous arguments back (fail -> ``rolled_back``).
+``--max-num-seqs`` change or live cap, or a flag rung, on one replica with peers) first converges on its own,
+then runs beside its peers. ``evidence.judge_evidence`` judges it at every step, from the moment a live cap
+took or from the second half of a restarted canary's window (the first is its warm-up under load), as soon as
+the per-request latencies decide; ``canary.judge_canary``'s p99 comparison decides a window that ran out
+undecided. The change is rolled to the peers (pass) or the canary gets its previous arguments or cap back
+(fail -> ``rolled_back``).
 
 A flag rung (``add_engine_flag``) is judged against a like-for-like baseline: the ready peers tuned as the
 canary was before (its max-num-seqs, without the flag, on several GPUs for a multi-GPU rung); without any, the
@@ -23,13 +25,15 @@ rung's ``min_latency_gain``. On a pass it goes to the peers that take it and lac
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
 from agent.wire import LiveLimits, ReplicaState
-from controlplane.policy.canary import LATENCIES, judge_canary
+from controlplane.policy.canary import LATENCIES, CanaryVerdict, judge_canary
+from controlplane.policy.evidence import judge_evidence
 from controlplane.policy.guardrails import GuardConfig
 from controlplane.policy.lifecycle import ActionState
 from controlplane.policy.live_cap import cap_progress, cap_words
@@ -127,7 +131,12 @@ class RolloutSettings:
     # puts a replica back in rotation only after its health checks pass (HAProxy's ``inter`` times ``rise``),
     # and the next batch must not leave rotation before it is back.
     settle: timedelta = timedelta(seconds=5)
+    # The longest a canary is judged for: the evidence usually decides well before (``policy.evidence``).
     canary_window: timedelta = timedelta(minutes=2)
+    # The chance of a wrong verdict over a whole window, and how often the judge looks (a scrape interval: a
+    # new look needs a new window of readings).
+    canary_alpha: float = 0.05
+    canary_look: timedelta = timedelta(seconds=5)
     max_latency_regression: float = 0.10
     max_throughput_drop: float = 0.25
     guard: GuardConfig = field(default_factory=GuardConfig)  # the disruption budget, per model
@@ -231,7 +240,8 @@ def _like_for_like(action: AddEngineFlagPayload, plan: RolloutPlan, peers: Seque
 
 def _judge(action: CanaryPayload, plan: RolloutPlan, observed: Observed, now: datetime,
            settings: RolloutSettings) -> Step:
-    """The canary phase once the canary is READY: wait out the window, compare, then promote or roll back."""
+    """The canary phase once the canary is READY: judge on the evidence as it comes (at most for the window),
+    then promote or roll back."""
     ready_at = plan.canary_ready_at or now
     plan = plan.model_copy(update={"canary_ready_at": ready_at,
                                    "canary_judged_at": plan.canary_judged_at or ready_at + settings.canary_window})
@@ -239,29 +249,50 @@ def _judge(action: CanaryPayload, plan: RolloutPlan, observed: Observed, now: da
     peers = [r for r in observed.replicas.values() if r.key != key and r.managed]
     flag_rung = isinstance(action, AddEngineFlagPayload)
     # A lone replica has no peers to compare with: its own SLO is the governor's to judge, next round. A flag
-    # rung always has a baseline (its own readings before the change, at worst), so it waits out the window.
-    if (peers or flag_rung) and now - ready_at < settings.canary_window:
-        return Step(plan)
+    # rung always has a baseline (its own readings before the change, at worst).
+    compared = bool(peers) or flag_rung
     # The governor says what the change is judged on (its signal, the throughput a lowering may cost).
     judge = action.judge or Judge()
-    # Judged on the second half of the window: in the first, the canary warms up under live load (a fresh
-    # engine's first steps are slower, and its empty batch refills all at once), which is not its steady state.
-    since = ready_at + settings.canary_window / 2
+    # A restarted canary is judged on the second half of the window: in the first, it warms up under live load
+    # (a fresh engine's first steps are slower, and its empty batch refills all at once), which is not its
+    # steady state. A live cap is taken at a step boundary by an engine already warm: judged from the moment
+    # it took.
+    live = isinstance(action, SetLiveCapPayload)
+    since = ready_at if live else ready_at + settings.canary_window / 2
+    if compared and now < since:
+        return Step(plan)
+    baseline_since = since
     if judge.baseline == "same_args" and isinstance(action, AddEngineFlagPayload):
         alike = _like_for_like(action, plan, peers)
         plan = plan.model_copy(update={"baseline": [p.key for p in alike] or "itself before the change"})
         started = plan.batch_started_at or now
         # Nobody runs the old arguments any more: the canary's own readings before its change.
+        if not alike:
+            baseline_since = started - settings.canary_window / 2
         baseline = ([_window(observed, p.key, since) for p in alike] if alike
-                    else [_window(observed, key, started - settings.canary_window / 2, started)])
+                    else [_window(observed, key, baseline_since, started)])
     else:
         baseline = [_window(observed, p.key, since) for p in peers]
-    verdict = judge_canary(
-        _window(observed, key, since), baseline, settings.max_latency_regression,
-        settings.max_throughput_drop if judge.max_throughput_drop is None else judge.max_throughput_drop,
-        judge.latencies or LATENCIES, min_latency_gain=judge.min_latency_gain)
-    plan = plan.model_copy(update={"canary_verdict": CanaryVerdictRecord(
-        verdict=verdict.verdict, reason=verdict.reason, figures=verdict.figures)})
+    latencies = judge.latencies or LATENCIES
+    drop = settings.max_throughput_drop if judge.max_throughput_drop is None else judge.max_throughput_drop
+    mine = _window(observed, key, since)
+    verdict = None
+    if compared:
+        gain = judge.min_latency_gain
+        span = settings.canary_window - (since - ready_at)
+        verdict = judge_evidence(
+            mine, baseline, since=since, baseline_since=baseline_since, latencies=latencies,
+            ratio=1 - gain if gain is not None else 1 + settings.max_latency_regression,
+            max_throughput_drop=drop, alpha=settings.canary_alpha,
+            looks=max(1, math.ceil(span / settings.canary_look)))
+        if verdict.verdict == "wait" and now - ready_at < settings.canary_window:
+            return Step(plan.model_copy(update={"canary_verdict": _record(verdict)}))
+    if verdict is None or verdict.verdict == "wait":
+        # The window has run without the evidence deciding: its p99s against the baseline's decide, as a
+        # fixed-window judge would.
+        verdict = judge_canary(mine, baseline, settings.max_latency_regression, drop, latencies,
+                               min_latency_gain=judge.min_latency_gain)
+    plan = plan.model_copy(update={"canary_verdict": _record(verdict)})
     if verdict.verdict == "wait":
         if now - ready_at < settings.canary_window + settings.deadline:
             return Step(plan)
@@ -283,6 +314,10 @@ def _judge(action: CanaryPayload, plan: RolloutPlan, observed: Observed, now: da
     else:
         queue = [[p.key] for p in sorted(peers, key=lambda r: r.key) if action.needs(p.engine_args, p.gpus)]
     return Step(plan.model_copy(update={"done": [key], "phase": "rolling", "batch": {}, "queue": queue}))
+
+
+def _record(verdict: CanaryVerdict) -> CanaryVerdictRecord:
+    return CanaryVerdictRecord(verdict=verdict.verdict, reason=verdict.reason, figures=verdict.figures)
 
 
 def _live(view: ReplicaView) -> bool:

@@ -64,15 +64,32 @@ def test_a_canary_says_when_it_is_judged() -> None:
     window = timedelta(seconds=120)
     action = {"state": "running", "started_at": _at(0), "params": {"rollout": ready}}
     judged = actions.rollout_progress(action, T0 + timedelta(seconds=120), canary_window=window)
-    assert judged is not None and judged.text.endswith(" · canary judged in about 40 s")
+    assert judged is not None and judged.text.endswith(" · canary judged within 40 s, sooner once its evidence is in")
     late = actions.rollout_progress(action, T0 + timedelta(seconds=200), canary_window=window)
     assert late is not None and late.text.endswith(" · canary judged any moment now")
     assert _left(ready, 83) == "canary READY for 45 s, judged once its window has run"  # no window known
     # The plan keeps when its window ends (the control plane's canary_window_seconds): counted down to that.
     kept = {**ready, "canary_judged_at": _at(100)}
-    assert _left(kept, 70) == "canary judged in about 30 s"
+    assert _left(kept, 70) == "canary judged within 30 s, sooner once its evidence is in"
     short = {**ready, "canary_verdict": {"verdict": "wait", "reason": "too few readings"}}
     assert _left(short, 300) == "canary judged once enough of its readings come"
+    # Waiting on evidence within the window still counts down to the window's end.
+    gathering = {**kept, "canary_verdict": {"verdict": "wait", "reason": "evidence not yet in: itl ..."}}
+    assert _left(gathering, 70) == "canary judged within 30 s, sooner once its evidence is in"
+
+
+def test_a_canarys_evidence_is_shown_where_it_stands() -> None:
+    figures = {"z_boundary": 3.08, "ratio": 1.1, "itl_effect": 0.41, "itl_z": -1.2, "itl_n_canary": 120.0,
+               "itl_n_baseline": 1240.0}
+    action = {"state": "running", "params": {"rollout": {
+        "phase": "canary", "canary": "a/r0", "canary_verdict": {
+            "verdict": "wait", "reason": "evidence not yet in", "figures": figures}}}}
+    lines = actions.evidence_lines(action)
+    assert lines[0] == "canary: wait: evidence not yet in"
+    assert lines[1] == ("  evidence, itl: P(canary > 1.10x baseline) 0.41 over n 120 vs 1,240; z -1.2, a verdict "
+                        "at ±3.08: undecided")
+    decided = actions.evidence_figures({**figures, "itl_z": -4.0})
+    assert decided[0].endswith(": no worse")
 
 
 def test_gpu_tiles_are_judged_against_their_own_limits() -> None:

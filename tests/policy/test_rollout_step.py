@@ -7,6 +7,7 @@ arguments), when it waits and why, and how it ends.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -40,6 +41,7 @@ from controlplane.policy.rollout import (
     start,
     step,
 )
+from tests.policy.windows import SCRAPE, engine_steps, stream, window
 
 T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
 MIN = timedelta(minutes=1)
@@ -270,7 +272,7 @@ CASES = [
                       "canary_judged_at": T0 + MIN + DEFAULTS.canary_window}),
     Case("canary-within-its-window-keeps-waiting", LOWER,
          seen(view(K0, R.READY, 2, args=AT_32), view(K1), view(K2)), T0 + 2 * MIN + timedelta(seconds=59),
-         plan=JUDGED, plan_fields={"phase": "canary", "canary_ready_at": T0 + MIN, "canary_verdict": None}),
+         plan=JUDGED, plan_fields={"phase": "canary", "canary_ready_at": T0 + MIN}),
     Case("canary-with-too-few-samples-waits-for-more", LOWER,
          seen(view(K0, R.READY, 2, args=AT_32), view(K1), view(K2),
               samples={K0: readings(HALF, 1, itl=0.02), K1: readings(HALF, itl=0.02)}), JUDGE_AT, plan=JUDGED,
@@ -363,6 +365,66 @@ def test_rollout_step(case: Case) -> None:
             assert words in done.verdict[1], done.verdict[1]
     for name, expected in case.plan_fields.items():
         assert getattr(done.plan, name) == expected, (name, done.plan)
+
+
+# --- judged on evidence: per-request latencies from the windows' histograms ----------------------------------
+def _live_evidence(canary_median: float, windows: int) -> Observed:
+    """The live canary K0 (cap taken at T0 + 1 min) and two peers, ``windows`` scrape windows after the cap."""
+    rng = random.Random(5)
+    taken = T0 + MIN
+    return seen(view(K0, live=capped(32)), view(K1, live=capped()), view(K2, live=capped()),
+                samples={K0: stream(rng, taken, windows, median=canary_median),
+                         K1: stream(rng, taken, windows, median=0.06), K2: stream(rng, taken, windows, median=0.06)})
+
+
+def test_a_live_canary_passes_as_soon_as_the_evidence_is_in_not_after_its_window() -> None:
+    # Three windows after the cap took (15 s): its inter-token latency clearly below the peers'.
+    done = step(LIVE, LIVE_JUDGED, MODEL, _live_evidence(0.045, 3), T0 + MIN + 3 * SCRAPE, DEFAULTS)
+    assert done.plan.phase == "rolling" and done.plan.done == [K0]
+    assert done.writes == [DesiredWrite(K1, None, live=True, live_cap=32), DesiredWrite(K2, None, live=True,
+                                                                                       live_cap=32)]
+    verdict = done.plan.canary_verdict
+    assert verdict is not None and verdict.verdict == "pass" and verdict.reason.startswith("evidence in")
+    assert verdict.figures["itl_z"] is not None and verdict.figures["itl_z"] < -verdict.figures["z_boundary"]
+
+
+def test_a_live_canary_clearly_worse_is_rolled_back_within_seconds() -> None:
+    done = step(LIVE.model_copy(update={"previous": 48}), LIVE_JUDGED, MODEL, _live_evidence(0.12, 2),
+                T0 + MIN + 2 * SCRAPE, DEFAULTS)
+    assert done.verdict is not None and done.verdict[0] is ActionState.ROLLED_BACK
+    assert "on the evidence" in done.verdict[1] and "rolled back to live cap 48" in done.verdict[1]
+    assert done.writes == [DesiredWrite(K0, None, live=True, live_cap=48)]
+
+
+def test_a_canary_still_undecided_keeps_its_evidence_in_the_plan_for_the_console() -> None:
+    # One window: too few observations a side yet.
+    done = step(LIVE, LIVE_JUDGED, MODEL, _live_evidence(0.06, 1), T0 + MIN + SCRAPE, DEFAULTS)
+    assert done.verdict is None and done.plan.phase == "canary"
+    verdict = done.plan.canary_verdict
+    assert verdict is not None and verdict.verdict == "wait" and "evidence not yet in" in verdict.reason
+
+
+def test_a_window_that_straddles_the_cap_is_not_evidence() -> None:
+    # The cap took at T0 + 1 min; a window from 2 s before it holds requests served at the old cap.
+    rng = random.Random(6)
+    straddling = [(T0 + MIN + 3 * SEC, window(T0 + MIN + 3 * SEC, engine_steps(rng, 400, 8, 0.2), steps=400))]
+    observed = seen(view(K0, live=capped(32)), view(K1, live=capped()),
+                    samples={K0: straddling, K1: stream(rng, T0 + MIN, 1, median=0.06, steps=400)})
+    done = step(LIVE, LIVE_JUDGED, MODEL, observed, T0 + MIN + 10 * SEC, DEFAULTS)
+    assert done.verdict is None and done.plan.canary_verdict is not None
+    assert done.plan.canary_verdict.verdict == "wait"
+
+
+def test_a_restarted_canary_is_judged_on_evidence_only_after_its_warm_up_half() -> None:
+    rng = random.Random(7)
+    observed = seen(view(K0, R.READY, 2, args=AT_32), view(K1), view(K2),
+                    samples={K0: stream(rng, T0 + MIN, 18, median=0.045), K1: stream(rng, T0 + MIN, 18, median=0.06),
+                             K2: stream(rng, T0 + MIN, 18, median=0.06)})
+    warming = step(LOWER, JUDGED, MODEL, observed, T0 + MIN + 50 * SEC, DEFAULTS)
+    assert warming.plan.phase == "canary" and warming.plan.canary_verdict is None
+    # Half the window (60 s) then three windows of evidence: judged at 75 s, not at the window's 120 s.
+    judged = step(LOWER, JUDGED, MODEL, observed, T0 + MIN + 75 * SEC, DEFAULTS)
+    assert judged.plan.phase == "rolling" and judged.plan.done == [K0]
 
 
 def test_case_ids_are_unique() -> None:

@@ -6,6 +6,8 @@ the real agent does with the answer (a new generation -> READY with the new args
 
 from __future__ import annotations
 
+import bisect
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,17 +21,21 @@ from agent.wire import (
     PROTOCOL_VERSION,
     DesiredState,
     EngineSample,
+    EngineWindow,
     GpuSample,
+    LiveLimits,
     NodeReport,
     ProcessSample,
     ReplicaEvent,
     ReplicaState,
     ReplicaStatus,
+    WindowHistogram,
 )
 from controlplane.api.app import create_app
 from controlplane.config import ServerConfig
 from controlplane.jobs import Jobs
 from tests.controlplane.fixtures import T0, FakeClock
+from tests.policy.windows import ITL_BOUNDS
 
 GIB = 1024**3
 
@@ -63,8 +69,32 @@ class SimReplica:
     exit_code: int | None = None
     log_tail: list[str] = field(default_factory=lambda: ["INFO engine started"])
     restarts: int = 0
+    # Its engine runs the live-cap plug-in (active), and the cap the agent last wrote (None: none).
+    live: bool = False
+    live_cap: int | None = None
+    # Each report carries its scrape window's inter-token latency histogram, 20 engine steps a second of
+    # ``running`` requests each, around the ITL p99 (a median of half of it).
+    windows: bool = False
+    rng: random.Random = field(default_factory=lambda: random.Random(1))
 
-    def status(self, now_seconds: float) -> ReplicaStatus:
+    def window(self, at: datetime, seconds: float) -> EngineWindow | None:
+        if not self.windows or seconds <= 0:
+            return None
+        steps = int(20 * seconds)
+        counts = [0.0] * (len(ITL_BOUNDS) + 1)
+        for _ in range(steps):
+            counts[bisect.bisect_left(ITL_BOUNDS, self.itl / 2 * self.rng.lognormvariate(0, 0.3))] += self.running
+        return EngineWindow(ended_at=at, seconds=seconds, steps=steps,
+                            itl=WindowHistogram(bounds=list(ITL_BOUNDS), counts=counts))
+
+    def live_limits(self) -> LiveLimits | None:
+        if not self.live:
+            return None
+        startup = int(self.engine_args[self.engine_args.index("--max-num-seqs") + 1])
+        return LiveLimits(active=True, cap=self.live_cap or startup, requested=self.live_cap,
+                          startup_limit=startup, asked=self.live_cap)
+
+    def status(self, now_seconds: float, at: datetime = T0) -> ReplicaStatus:
         if not self.stalled:
             self.tokens_total += self.tokens_per_second * now_seconds
         self.preemptions_total += self.preemptions_per_second * now_seconds
@@ -83,7 +113,9 @@ class SimReplica:
                                 itl_p50_seconds=self.itl_p50, itl_p95_seconds=self.itl_p95,
                                 preemptions_total=self.preemptions_total,
                                 preemptions_per_second=self.preemptions_per_second,
-                                itl_p99_seconds=self.itl) if serving else None,
+                                itl_p99_seconds=self.itl, window=self.window(at, now_seconds))
+            if serving else None,
+            live_cap=self.live_cap if self.live else None, live_limits=self.live_limits(),
             process=ProcessSample(pid=4242, rss_bytes=self.rss, num_processes=4, gpu_memory_bytes=self.gpu_memory),
             canary_ok=self.canary_ok if serving else None, canary_ttft_seconds=0.05 if serving else None,
         )
@@ -122,7 +154,8 @@ class SimAgent:
         body = NodeReport(protocol_version=PROTOCOL_VERSION, node=self.node, hostname=f"{self.node}.example",
                           agent_version="0.1.0", agent_url=None, sent_at=self.sent_at, sequence=self.sequence,
                           memory_total_bytes=self.memory_total,
-                          gpus=gpus, replicas=[r.status(step) for r in self.replicas], events=self.events)
+                          gpus=gpus, replicas=[r.status(step, self.sent_at) for r in self.replicas],
+                          events=self.events)
         self.events = []
         response = client.post(f"/v1/agents/{self.node}/report", json=body.model_dump(mode="json"))
         assert response.status_code == 200, response.text
@@ -134,6 +167,8 @@ class SimAgent:
         assert self.desired is not None
         for spec in self.desired.replicas:
             r = self.replica(spec.name)
+            if r.live:  # the agent writes the cap file; the engine takes it at its next step
+                r.live_cap = spec.live_cap
             if not spec.enabled:
                 r.state = ReplicaState.STOPPED
             elif spec.generation > r.generation:

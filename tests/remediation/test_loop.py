@@ -116,6 +116,37 @@ def test_an_itl_breach_lowers_max_num_seqs_on_a_canary_then_rolls_it_to_the_peer
         assert len(by_kind(f.actions(), "lower_max_num_seqs")) == 1, "the governor did not race the rollout"
 
 
+def test_a_live_cap_canary_is_judged_on_its_latencies_within_seconds_and_every_peer_takes_it(tmp_path: Path) -> None:
+    # The same breach on engines running the live-cap plug-in: a cap of 32, no restart, judged on the
+    # per-token latencies of each scrape window as soon as they decide, well inside the 60 s window.
+    replicas = [stuttering(f"r{i}") for i in range(3)]
+    for r in replicas:
+        r.live, r.windows = True, True
+    agent = SimAgent("gpu-a", replicas)
+    with fleet(tmp_path, [agent], canary_window_seconds=60) as f:
+        f.run(90)
+        [canary] = by_kind(f.actions(), "set_live_cap")
+        assert canary["params"]["canary"] is True and canary["params"]["live_cap"] == 32
+        name = canary["target"].rsplit("/", 1)[1]
+        f.step(10, converge=True)
+        lowered = agent.replica(name)
+        assert lowered.live_cap == 32
+        lowered.itl, lowered.running, lowered.tokens_per_second = 0.08, 32.0, 2250.0
+        # The cap is seen taken on the next step; the windows after it are the evidence.
+        seconds = 0
+        while f.action(canary["id"])["params"]["rollout"]["phase"] == "canary" and seconds < 60:
+            f.step(5, converge=True)
+            seconds += 5
+        judged = f.action(canary["id"])["params"]["rollout"]
+        assert judged["canary_verdict"]["verdict"] == "pass", judged
+        assert judged["canary_verdict"]["reason"].startswith("evidence in"), judged
+        assert seconds <= 25, f"judged after {seconds} s"
+        f.step(5, converge=True)
+        done = f.action(canary["id"])
+        assert done["state"] == "succeeded", done
+        assert all(r.live_cap == 32 and r.restarts == 0 for r in agent.replicas)
+
+
 def test_a_canary_worse_than_its_peers_is_rolled_back(tmp_path: Path) -> None:
     agent = SimAgent("gpu-a", [stuttering(f"r{i}") for i in range(3)])
     with fleet(tmp_path, [agent], canary_window_seconds=60) as f:
