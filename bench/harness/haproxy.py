@@ -21,6 +21,10 @@ HAPROXY = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/hap
 CHECK_INTER_MS = 500
 CHECK_FALL = 1
 CHECK_RISE = 2
+# The agent's drain grace behind this HAProxy: fall x inter for it to see readiness go off, one check more of
+# margin. And the settle the disruption budget needs before it counts a restarted replica again: rise x inter.
+DRAIN_GRACE = CHECK_FALL * CHECK_INTER_MS / 1000.0 + 1.0
+GUARD_SETTLE = CHECK_RISE * CHECK_INTER_MS / 1000.0 + 0.5
 
 
 def config_text(*, port: int, socket_path: Path, servers: Mapping[str, tuple[int, int]], timeout_s: int = 120,
@@ -47,6 +51,8 @@ def config_text(*, port: int, socket_path: Path, servers: Mapping[str, tuple[int
     #   (HAProxy 2.6.7 and later; before, only the last one did).
     # A request whose response had begun (a stream cut mid-way) is never retried: its client saw part of it.
     # `retries 3` also bounds the harm of a request that itself kills engines: it reaches at most four.
+    # `option http-no-delay`: each token's chunk goes on at once. By default HAProxy asks the kernel to hold
+    # small writes for more (MSG_MORE), which suits bulk responses and delays a stream's tokens by up to 200 ms.
     # `timeout check 2s`: without it a check must be answered within `inter`, and with `fall 1` one readiness
     # answer slowed past 200 ms by a busy host took a READY replica out. Readiness off is a 503 at once; the
     # timeout is for an agent that hangs.
@@ -64,6 +70,7 @@ defaults
   option redispatch
   retry-on conn-failure empty-response
   option http-buffer-request
+  option http-no-delay
 
 frontend api
   bind 127.0.0.1:{port}
