@@ -11,11 +11,16 @@
    the policy's ``max_throughput_drop`` (the governor never goes further). The best such value is the
    governed run's throughput target. TTFT is shown too: lowering never fixes it (why ``ttft-slo`` alerts).
 2. **Governed run** (real processes): ``pitstop server`` with its policy job and the shipped policies, one
-   ``pitstop agent`` supervising two simulated replicas of one model at ``--max-num-seqs 256``, and the first
-   governable load on each replica (``enginesim.loadgen`` closed-loop streams, spread over both) for
-   ``--governed-seconds``. Reported: load start -> the SLO met on every replica (ITL p99 as the agent reports
-   it, read every second; first, and for good), the value the fleet settled on, and its throughput after the
-   last restart (the engines' own token counters).
+   ``pitstop agent`` supervising two simulated replicas of one model at ``--max-num-seqs 256`` behind a real
+   HAProxy that health-checks the agent's readiness (a restart drains as in production: readiness off, HAProxy
+   sees it, the streams in flight end, then the SIGTERM), and the first governable load on each replica
+   (``enginesim.loadgen`` closed-loop streams through HAProxy) for ``--governed-seconds``. Run twice
+   (``--arms``): the governor's steps as restarts, and with the engines running the live-cap plug-in, as live
+   caps. Reported: load start -> the SLO met on every replica (ITL p99 as the agent reports it, read every
+   second; first, and for good), the value the fleet settled on, its throughput after the last restart (the
+   engines' own token counters), the requests failed, and the share of requests whose user saw the SLO met
+   (each request's own inter-token p99; a failed one is not): over the run, and over the episode, from the
+   governor's first action to the SLO met for good (before it, both arms are the same untreated breach).
 3. **Static run**, side by side on the same harness and load: both replicas at the sweep's best static value,
    no policies; its throughput is the reference for the ratio.
 
@@ -40,6 +45,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.figures import fmt, host_note, table, write_json
 from bench.harness.fleet import Fleet, Replica
+from bench.harness.haproxy import DRAIN_GRACE, GUARD_SETTLE, HAProxy
 from bench.harness.load import BackgroundLoad
-from bench.harness.procs import Processes
+from bench.harness.procs import Processes, wait_until
 from bench.harness.replica_watch import (
     ReplicaWatch,
     Tick,
@@ -144,42 +151,71 @@ def policy_dir(dest: Path, for_seconds: float | None, threshold: float | None = 
     return dest
 
 
+# How each replica drains before a restart, behind HAProxy: what the rolling-restart benchmark measured to drop
+# no request (readiness off, HAProxy's checks see it, in-flight streams end, then the SIGTERM).
+DRAIN = {"drain_grace": DRAIN_GRACE, "drain_timeout": 30, "shutdown_timeout": 10, "stop_timeout": 15}
+
+
 def fleet_run(tmp: Path, load: Load, value: int, seconds: float, server: dict[str, Any],
               until: Callable[[list[Tick]], bool] | None = None, live: bool = False,
               slo: float | None = None) -> dict[str, Any]:
-    """Two replicas at ``value`` under ``load`` for ``seconds`` (or until the readings so far meet ``until``,
-    read every second: ``seconds`` is then the most it runs); every agent reading, the actions, the load."""
+    """Two replicas at ``value`` behind a real HAProxy under ``load`` for ``seconds`` (or until the readings so
+    far meet ``until``, read every second: ``seconds`` is then the most it runs); every agent reading, the
+    actions, the load, and each request's span and whether its user saw the SLO met."""
     util, streams, prompt, output = load
     sim = ["--sim-startup-seconds", "1", "--gpu-memory-utilization", f"{util:g}", "--max-num-seqs", str(value)]
     replicas = [Replica(name, args=sim, gpu=i, model=MODEL) for i, name in enumerate(REPLICAS)]
     for r in replicas:
-        r.extra = {"warmup": {"requests": 2, "settle_count": 0}, "drain_timeout": 5, "stop_timeout": 5,
-                   "shutdown_timeout": 2, "live_limits": live}
+        r.extra = {"warmup": {"requests": 2, "settle_count": 0}, **DRAIN, "live_limits": live}
     with Processes(tmp / "logs") as procs:
-        fleet = Fleet.start(tmp, procs, replicas, server=server,
+        fleet = Fleet.start(tmp, procs, replicas, server={"rollout_settle_seconds": GUARD_SETTLE, **server},
                             agent={"scrape_interval": SCRAPE_S, "canary_every": 1, "canary_timeout": 10})
         fleet.wait_all_ready()
+        proxy = HAProxy(tmp / "haproxy", procs, agent_port=int(fleet.agent.rsplit(":", 1)[1]),
+                        engines={r.name: r.port for r in replicas})
+        wait_until(lambda: proxy.servers_up() == len(REPLICAS), 30, what="HAProxy sees every replica UP")
         watch = ReplicaWatch(fleet.agent, list(REPLICAS)).start()
-        spec = LoadSpec(urls=[f"http://127.0.0.1:{r.port}" for r in replicas], concurrency=streams * len(replicas),
-                        duration=0, prompt_tokens=prompt, max_tokens=output, model=MODEL, request_timeout=120)
+        wall0 = time.time()
+        spec = LoadSpec(urls=[proxy.url], concurrency=streams * len(replicas), duration=0, prompt_tokens=prompt,
+                        max_tokens=output, model=MODEL, request_timeout=120)
         with BackgroundLoad(spec) as background:
             end = time.monotonic() + seconds
             while time.monotonic() < end and not (until is not None and until(list(watch.ticks))):
                 time.sleep(min(1.0, max(0.0, end - time.monotonic())))
             summary = background.stop()
-            served = [r for r in background.results if r.finished and r.ok and r.itls]
+            results = list(background.results)
         ticks = watch.stop()
         actions = [{k: a.get(k) for k in ("id", "policy", "kind", "target", "state", "created_at", "outcome")}
                    | {"max_num_seqs": a["params"].get("max_num_seqs", a["params"].get("live_cap"))}
                    for a in fleet.actions()]
+    served = [r for r in results if r.finished and r.ok and r.itls]
     # Each served request judged by its own inter-token p99 against the SLO: what its user saw.
     within = (None if slo is None or not served else
               sum(1 for r in served if (percentile(r.itls, 99) or 0.0) <= slo) / len(served))
+    # Every request sent, as (sent, ended or None, within the SLO), in seconds on the watch's clock: a failed or
+    # cut-off one is not within.
+    spans = [(round(r.started - watch.started, 2), None if r.ended is None else round(r.ended - watch.started, 2),
+              bool(slo is not None and r.finished and r.ok and r.itls and (percentile(r.itls, 99) or 0.0) <= slo))
+             for r in results if r.started is not None]
+    for a in actions:
+        a["at_s"] = round(datetime.fromisoformat(str(a["created_at"])).timestamp() - wall0, 1)
     series = [[round(t.t, 1), {n: [r.state[:1], r.max_num_seqs, None if r.itl_p99_s is None else round(r.itl_p99_s, 4)]
                                for n, r in t.replicas.items()}] for t in ticks]
-    return {"ticks": ticks, "series": series, "actions": sorted(actions, key=lambda a: a["id"]),
+    return {"ticks": ticks, "series": series, "actions": sorted(actions, key=lambda a: a["id"]), "spans": spans,
             "load": {k: summary.get(k) for k in ("requests_ok", "requests_failed", "requests_cut_off")}
             | {"requests_within_slo_share": within}}
+
+
+def episode(spans: list[tuple[float, float | None, bool]], start: float | None, end: float | None
+            ) -> dict[str, Any]:
+    """The remediation episode, from the governor's first action to the SLO met for good: the requests in flight
+    at any moment of it (sent before its end, not ended before its start) and the share whose user saw the SLO
+    met. Before the first action the overload is the same untreated breach in both arms (the policy's for:)."""
+    if start is None or end is None or end < start:
+        return {"from_s": start, "to_s": end, "requests": 0, "within_slo_share": None}
+    touched = [within for sent, ended, within in spans if sent <= end and (ended is None or ended >= start)]
+    return {"from_s": start, "to_s": end, "requests": len(touched),
+            "within_slo_share": sum(touched) / len(touched) if touched else None}
 
 
 def governed(tmp: Path, load: Load, args: argparse.Namespace, cond: ThresholdCondition,
@@ -207,6 +243,8 @@ def governed(tmp: Path, load: Load, args: argparse.Namespace, cond: ThresholdCon
                     live=live, slo=cond.threshold)
     ticks = run.pop("ticks")
     first, for_good = slo_met(ticks, names, cond.threshold, window, cond.min_share)
+    governor = [a["at_s"] for a in run["actions"] if a["policy"] == "itl-slo"]
+    run["episode"] = episode(run.pop("spans"), min(governor, default=None), for_good)
     # Settled: from the last restart plus the warm-up the static run skips too, or the start of the window in
     # which the SLO was first met for good, whichever is later.
     settled_from = max(last_restart(ticks, names) + WARMUP_S, (for_good or 0.0) - window)
@@ -226,6 +264,7 @@ def static(tmp: Path, load: Load, value: int, seconds: float, cond: ThresholdCon
     run = fleet_run(tmp, load, value, seconds, {"policy_defaults": False, "policy_interval_seconds": 1.0},
                     slo=cond.threshold)
     ticks = run.pop("ticks")
+    run.pop("spans")
     warm = min(WARMUP_S, seconds / 3)
     _, for_good = slo_met(ticks, list(REPLICAS), cond.threshold, min(cond.for_, seconds - warm), cond.min_share)
     return {"value": value, "seconds": seconds, "measured_from_s": warm,
@@ -338,16 +377,18 @@ def main() -> int:
                 print(f"  {arm} action {a['id']}: {a['policy']} {a['kind']} {a['target']} -> {a['max_num_seqs']} "
                       f"[{a['state']}] {a['outcome'] or ''}")
             share = run["load"]["requests_within_slo_share"]
+            in_episode = run["episode"]["within_slo_share"]
             rows.append([f"governed, {arm}", fmt(run["slo_met_s"], " s"), str(run["settled_values"]),
                          fmt(run["throughput_settled"], "", 0), fmt((run["breach_share_settled"] or 0) * 100, " %"),
-                         fmt(None if share is None else share * 100, " %"), str(run["load"]["requests_failed"]),
-                         fmt((r := vs_static(run)) and r * 100, " %", 0)])
+                         fmt(None if share is None else share * 100, " %"),
+                         fmt(None if in_episode is None else in_episode * 100, " %"),
+                         str(run["load"]["requests_failed"]), fmt((r := vs_static(run)) and r * 100, " %", 0)])
         share = ref["load"]["requests_within_slo_share"]
         rows.append([f"static {best}", fmt(ref["slo_met_s"], " s"), str(best), fmt(ref["throughput"], "", 0),
                      fmt((ref["breach_share"] or 0) * 100, " %"), fmt(None if share is None else share * 100, " %"),
-                     str(ref["load"]["requests_failed"]), ""])
+                     "", str(ref["load"]["requests_failed"]), ""])
         print(table(["", "SLO met (for good)", "value", "tokens/s (settled)", "readings > SLO",
-                     "requests within SLO", "failed", "vs best static"], rows))
+                     "requests within SLO", "in the episode", "failed", "vs best static"], rows))
         for arm, run in arms.items():
             print(f"{arm}: first met at {fmt(run['slo_first_met_s'], ' s')}; settled span "
                   f"{run['settled_span_s']:.0f} s; 256 before the governor: "

@@ -39,15 +39,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.figures import fmt, host_note, median, table, write_json
 from bench.harness.fleet import Fleet, Replica
-from bench.harness.haproxy import CHECK_FALL, CHECK_INTER_MS, CHECK_RISE, HAProxy, UpSampler
+from bench.harness.haproxy import (
+    CHECK_FALL,
+    CHECK_INTER_MS,
+    CHECK_RISE,
+    DRAIN_GRACE,
+    GUARD_SETTLE,
+    HAProxy,
+    UpSampler,
+)
 from bench.harness.load import BackgroundLoad
 from bench.harness.procs import Processes, wait_until
 from enginesim.loadgen import LoadSpec, RequestResult, prompt_text, stream_one
 
 NAMES = ("r0", "r1", "r2")
-# HAProxy needs fall x inter to see readiness go off; the grace adds one more check interval of margin.
-DRAIN_GRACE = CHECK_FALL * CHECK_INTER_MS / 1000.0 + 1.0
-GUARD_SETTLE = CHECK_RISE * CHECK_INTER_MS / 1000.0 + 0.5
 MODES: dict[str, dict[str, Any]] = {
     "pitstop (drain)": {"drain_grace": DRAIN_GRACE, "drain_timeout": 30, "shutdown_timeout": 10,
                         "stop_timeout": 15},

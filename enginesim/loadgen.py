@@ -46,6 +46,9 @@ class RequestResult:
     itls: list[float] = field(default_factory=list)
     tokens: int = 0
     error: str | None = None
+    # When it was sent and when it ended (time.monotonic()): which requests an episode's span touched.
+    started: float | None = None
+    ended: float | None = None
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -100,6 +103,7 @@ async def stream_one(client: httpx.AsyncClient, url: str, model: str, prompt: st
             "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     start = time.monotonic()
     result = result or RequestResult(ok=False)
+    result.started = start
     last: float | None = None
     try:
         async with client.stream("POST", url.rstrip("/") + "/v1/chat/completions", json=body,
@@ -107,7 +111,7 @@ async def stream_one(client: httpx.AsyncClient, url: str, model: str, prompt: st
             if resp.status_code != 200:
                 await resp.aread()
                 result.error = f"http_{resp.status_code}"
-                result.finished = True
+                result.finished, result.ended = True, time.monotonic()
                 return result
             async for line in resp.aiter_lines():
                 if not line.startswith("data: "):
@@ -132,7 +136,7 @@ async def stream_one(client: httpx.AsyncClient, url: str, model: str, prompt: st
     except httpx.HTTPError as exc:
         result.error = type(exc).__name__
     # Not in a ``finally``: a stream cancelled at the end of the run did not finish.
-    result.finished = True
+    result.finished, result.ended = True, time.monotonic()
     return result
 
 

@@ -91,8 +91,10 @@ def test_leak_is_caught_before_exhaustion_and_flat_memory_never_is(tmp_path: Pat
 
 @pytest.mark.timeout(900)
 @pytest.mark.solo  # the simulated engines' inter-token latency is what the SLO reads
-def test_governor_meets_the_itl_slo_on_real_processes_by_lowering_max_num_seqs(tmp_path: Path) -> None:
-    doc = run_quick("governor.py", tmp_path / "gov.json", timeout=880)
+def test_governor_meets_the_itl_slo_on_real_processes_with_live_caps(tmp_path: Path) -> None:
+    # The live arm only: the restarts arm is the benchmark's baseline (bench/README.md), and the governor's
+    # restart path is exercised on the store by tests/remediation and on real vLLM by the flag-rung test.
+    doc = run_quick("governor.py", tmp_path / "gov.json", "--arms", "live", timeout=880)
     ladder = doc["settings"]["ladder"]
     assert ladder[0] == 256 and ladder[-1] == 16
     [load] = doc["loads"]
@@ -103,25 +105,23 @@ def test_governor_meets_the_itl_slo_on_real_processes_by_lowering_max_num_seqs(t
     assert not load["ttft_fixed_by_lowering"]
     real = doc["real"]
     assert "CUT" in real["policies"]  # quick mode cuts for: and the canary window, and says so
-    gov = real["governed"]
-    lowered = [a for a in gov["actions"] if a["kind"] == "lower_max_num_seqs"]
-    assert lowered and lowered[0]["policy"] == "itl-slo" and lowered[0]["max_num_seqs"] < 256, gov["actions"]
-    assert all(a["kind"] == "alert" for a in gov["actions"] if a["policy"] == "ttft-slo")
-    # Both replicas end below 256 and the SLO, read the policy's way, was met on both to the end: the run lasts
-    # until that outcome is in (or its 300 s), however long a busy host takes to restart the engines.
-    summary = {k: v for k, v in gov.items() if k not in ("series", "actions")}
-    assert all(v is not None and v < 256 for v in gov["settled_values"].values()), summary
-    assert gov["slo_first_met_s"] is not None and gov["slo_met_s"] is not None, summary
-    assert real["static"]["throughput"] and gov["throughput_settled"], real
-    # The same overload with the engines running the live-cap plug-in: the governor's steps are live caps (no
-    # restart: every replica keeps its generation), and the SLO is met on both replicas to the end.
+    assert real["static"]["throughput"], real
+    # The engines run the live-cap plug-in: the governor's steps are live caps (no restart: every replica keeps
+    # its generation), and the SLO is met on both replicas to the end. The run lasts until that outcome is in
+    # (or its 300 s), however long a busy host takes.
     live = real["governed_live"]
-    live_summary = {k: v for k, v in live.items() if k not in ("series", "actions")}
+    summary = {k: v for k, v in live.items() if k not in ("series", "actions")}
     capped = [a for a in live["actions"] if a["kind"] == "set_live_cap"]
     assert capped and capped[0]["policy"] == "itl-slo" and capped[0]["max_num_seqs"] < 256, live["actions"]
     assert not [a for a in live["actions"] if a["kind"] in ("lower_max_num_seqs", "restart")], live["actions"]
-    assert all(v is not None and v < 256 for v in live["settled_values"].values()), live_summary
-    assert live["slo_met_s"] is not None and live["load"]["requests_failed"] == 0, live_summary
+    assert all(a["kind"] == "alert" for a in live["actions"] if a["policy"] == "ttft-slo")
+    assert all(v is not None and v < 256 for v in live["settled_values"].values()), summary
+    assert live["slo_first_met_s"] is not None and live["slo_met_s"] is not None, summary
+    assert live["throughput_settled"], summary
+    # Through HAProxy, from the load's side: nothing failed, and the episode (first action to the SLO met for
+    # good) is measured on the requests in flight during it.
+    assert live["load"]["requests_failed"] == 0, summary
+    assert live["episode"]["requests"] > 0 and live["episode"]["within_slo_share"] is not None, summary
 
 
 @pytest.mark.timeout(300)
