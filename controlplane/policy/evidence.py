@@ -12,8 +12,8 @@ Pure. The statistics are set out in docs/design.md (Canary evidence); in short:
   the highest bound. θ below 1/2: the canary is typically within ``k`` times the baseline; above: beyond it.
 - **Its spread.** With θ at 1/2, ``var(θ̂) = (n₁ + n₂ + 1) / (12 n₁ n₂)`` for independent observations. The
   tokens of one engine step are not independent (vLLM stamps every running request's token of a step with
-  the same time), so the inter-token latency's n is the windows' engine steps when fewer than its tokens;
-  TTFT's n is its count, one a request.
+  the same time), so the inter-token latency's n is the windows' engine steps when fewer than its tokens (an
+  engine without a step count is not judged on it before the window's end); TTFT's n is its count.
 - **Sequential looks.** The judge looks every round, at most ``looks`` times over the window; each look tests
   both ways at ``alpha / (2·looks)`` (Bonferroni), so over the whole window a canary no better and no worse than
   ``k`` times its baseline gets a wrong verdict with a chance of at most alpha. Pass: every judged latency has
@@ -61,10 +61,11 @@ class Pooled:
         steps = None if self.steps is None or other.steps is None else self.steps + other.steps
         return Pooled(dict(buckets), self.windows + other.windows, steps)
 
-    def n(self, latency: str) -> float:
-        """How many independent observations the pool counts as: one per engine step for inter-token latency."""
-        if latency == "itl" and self.steps is not None:
-            return min(self.total, self.steps)
+    def n(self, latency: str) -> float | None:
+        """How many independent observations the pool counts as: one per engine step for inter-token latency;
+        None for inter-token latency without a step count, whose tokens cannot be taken as independent."""
+        if latency == "itl":
+            return None if self.steps is None else min(self.total, self.steps)
         return self.total
 
 
@@ -154,9 +155,9 @@ class RankTest:
 
 
 def rank_test(latency: str, canary: Pooled, baseline: Pooled, ratio: float) -> RankTest | None:
-    """θ and its z against 1/2; None while either side has fewer than ``MIN_N`` observations."""
+    """θ and its z against 1/2; None while either side has fewer than ``MIN_N`` observations (or no count)."""
     n1, n2 = canary.n(latency), baseline.n(latency)
-    if n1 < MIN_N or n2 < MIN_N:
+    if n1 is None or n2 is None or n1 < MIN_N or n2 < MIN_N:
         return None
     total1, total2 = canary.total, baseline.total
     effect = sum(c1 * c2 * greater(x, (ratio * y[0], ratio * y[1]))
@@ -207,7 +208,12 @@ def judge_evidence(canary: Sequence[Values], baseline: Sequence[Sequence[Values]
         theirs = sum((pool(samples, latency, baseline_since) for samples in baseline), EMPTY)
         test = rank_test(latency, mine, theirs, ratio)
         if test is None:
-            waiting.append(f"{latency}: n {mine.n(latency):.0f} vs {theirs.n(latency):.0f}, need {MIN_N} a side")
+            n1, n2 = mine.n(latency), theirs.n(latency)
+            if n1 is None or n2 is None:
+                waiting.append(f"{latency}: an engine reports no step count (vllm:iteration_tokens_total), so its "
+                               "tokens cannot be counted as independent: judged on p99s at the window's end")
+            else:
+                waiting.append(f"{latency}: n {n1:.0f} vs {n2:.0f}, need {MIN_N} a side")
             continue
         figures.update(test.figures())
         tests.append(test)
