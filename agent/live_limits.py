@@ -29,6 +29,10 @@ class LiveCapFile:
         self.path = path
         self.state_path = path.with_name(path.name + ".state")
         self.written: int | None = None
+        # The state as last read, and the file's (inode, mtime, size) then: status() is asked for at every report,
+        # API read and scrape, and the plug-in replaces the file (a new inode) only when its cap or activity
+        # changes.
+        self._read: tuple[tuple[int, int, int], LiveLimits] | None = None
 
     def engine_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` with the plug-in's directory first on ``PYTHONPATH`` and the cap file named."""
@@ -45,11 +49,29 @@ class LiveCapFile:
 
     def forget_state(self) -> None:
         """Before an engine starts: a state left by the one before must not pass for the new one's."""
+        self._read = None
         with contextlib.suppress(FileNotFoundError):
             self.state_path.unlink()
 
     def state(self) -> LiveLimits | None:
-        """What the plug-in last wrote; None while it has written nothing (the engine still starting)."""
+        """What the plug-in last wrote; None while it has written nothing (the engine still starting). Read
+        again only when the file changed (the plug-in replaces it whole: a new inode)."""
+        try:
+            st = self.state_path.stat()
+        except FileNotFoundError:
+            self._read = None
+            return None
+        except OSError as exc:
+            return LiveLimits(active=False, reason=f"cannot read {self.state_path}: {exc}")
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._read is not None and self._read[0] == stamp:
+            return self._read[1]
+        state = self._parse()
+        if state is not None:
+            self._read = (stamp, state)
+        return state
+
+    def _parse(self) -> LiveLimits | None:
         try:
             text = self.state_path.read_text()
         except FileNotFoundError:
@@ -78,6 +100,11 @@ class LiveCap:
         self.file.write(cap)
         self.note("live_cap", f"live cap {'none' if cap is None else cap} written for the engine to take at its "
                               "next step (no restart)")
+
+    def adopted(self, cap: int | None) -> None:
+        """An engine left by a previous agent is adopted: the cap file says what is wanted now, not what that
+        agent wrote."""
+        self.file.write(cap)
 
     def starting(self, cap: int | None, env: Mapping[str, str]) -> dict[str, str]:
         """Before an engine starts: no state of the one before, the cap wanted now, and the engine's environment."""

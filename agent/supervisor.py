@@ -203,7 +203,7 @@ class ReplicaSupervisor:
                                       self.spec.log_backups)
             self.generation, self.args = left.generation, list(left.args)
             if self.live is not None:
-                self.live.file.write(self.want.live_cap)  # what is wanted now, not what the previous agent wrote
+                self.live.adopted(self.want.live_cap)
             self.machine.to(S.STARTING, f"adopted engine {left.pid} (generation {left.generation}) left by a "
                                         "previous agent")
             log.warning("replica %s: adopted engine %d left by a previous agent", self.spec.name, left.pid)

@@ -13,7 +13,7 @@ from agent.config import ConfigError, parse_config
 from agent.desired import Want, plan_wants
 from agent.live_cap import PLUGIN_DIR, SCHEDULER_CLS
 from agent.live_limits import CAP_FILE_VAR, LiveCap, LiveCapFile
-from agent.wire import DesiredState, ReplicaSpec
+from agent.wire import DesiredState, LiveLimits, ReplicaSpec
 
 VLLM = "node: n1\nreplicas:\n  - name: a\n    model: m\n    port: 8001\n    engine: vllm\n    live_limits: true\n"
 
@@ -87,6 +87,30 @@ def test_the_plugins_state_is_read_and_a_broken_one_is_reported_not_fatal(
     assert state is not None and expect(state), state
     live.forget_state()
     assert live.state() is None
+
+
+def test_the_plugins_state_is_parsed_again_only_once_the_plugin_replaced_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    live = LiveCapFile(tmp_path / "a.live_cap")
+
+    def replace(state: dict[str, object]) -> None:  # as the plug-in writes it: whole, by rename
+        tmp = tmp_path / "state.tmp"
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, live.state_path)
+
+    parsed = []
+    parse = LiveCapFile._parse
+
+    def counted(self: LiveCapFile) -> LiveLimits | None:
+        parsed.append(1)
+        return parse(self)
+
+    monkeypatch.setattr(LiveCapFile, "_parse", counted)
+    replace(STATE)
+    assert [live.state().cap for _ in range(5)] == [2] * 5 and len(parsed) == 1  # type: ignore[union-attr]
+    replace({**STATE, "cap": 4, "requested": 4})  # the same size, a new file
+    state = live.state()
+    assert state is not None and state.cap == 4 and len(parsed) == 2
 
 
 def test_a_new_live_cap_alone_is_a_change_at_the_same_generation() -> None:
