@@ -62,7 +62,9 @@ from bench.harness.replica_watch import (
     ReplicaWatch,
     Tick,
     breach_share,
+    converged,
     final_values,
+    last_breach,
     last_restart,
     slo_met,
     throughput,
@@ -206,16 +208,26 @@ def fleet_run(tmp: Path, load: Load, value: int, seconds: float, server: dict[st
             | {"requests_within_slo_share": within}}
 
 
-def episode(spans: list[tuple[float, float | None, bool]], start: float | None, end: float | None
-            ) -> dict[str, Any]:
-    """The remediation episode, from the governor's first action to the SLO met for good: the requests in flight
-    at any moment of it (sent before its end, not ended before its start) and the share whose user saw the SLO
-    met. Before the first action the overload is the same untreated breach in both arms (the policy's for:)."""
+Span = tuple[float, float | None, bool]  # a request: sent, ended (None: cut off at the end), within the SLO
+
+
+def episode(spans: list[Span], start: float | None, end: float | None) -> dict[str, Any]:
+    """The requests in flight at any moment from ``start`` to ``end`` (sent before its end, not ended before its
+    start) and the share whose user saw the SLO met (each request's own inter-token p99)."""
     if start is None or end is None or end < start:
         return {"from_s": start, "to_s": end, "requests": 0, "within_slo_share": None}
     touched = [within for sent, ended, within in spans if sent <= end and (ended is None or ended >= start)]
     return {"from_s": start, "to_s": end, "requests": len(touched),
             "within_slo_share": sum(touched) / len(touched) if touched else None}
+
+
+def sent_since(spans: list[Span], since: float | None) -> dict[str, Any]:
+    """The requests sent from ``since`` on that ended, and the share whose user saw the SLO met."""
+    if since is None:
+        return {"from_s": None, "requests": 0, "within_slo_share": None}
+    ended = [within for sent, end, within in spans if sent >= since and end is not None]
+    return {"from_s": since, "requests": len(ended),
+            "within_slo_share": sum(ended) / len(ended) if ended else None}
 
 
 def governed(tmp: Path, load: Load, args: argparse.Namespace, cond: ThresholdCondition,
@@ -243,8 +255,16 @@ def governed(tmp: Path, load: Load, args: argparse.Namespace, cond: ThresholdCon
                     live=live, slo=cond.threshold)
     ticks = run.pop("ticks")
     first, for_good = slo_met(ticks, names, cond.threshold, window, cond.min_share)
-    governor = [a["at_s"] for a in run["actions"] if a["policy"] == "itl-slo"]
-    run["episode"] = episode(run.pop("spans"), min(governor, default=None), for_good)
+    # The governor's first action (before it, both arms are the same untreated breach: the policy's for:), the
+    # moment every replica ran its final value, and the last reading over the SLO.
+    acted = min((a["at_s"] for a in run["actions"] if a["policy"] == "itl-slo"), default=None)
+    done = converged(ticks, names)
+    spans = run.pop("spans")
+    run |= {"acted_s": acted, "converged_s": done, "last_breach_s": last_breach(ticks, names, cond.threshold),
+            # Every request in flight from the first action to the SLO met for good, those sent after the first
+            # action, and those sent once every replica ran its final value.
+            "episode": episode(spans, acted, for_good), "sent_after_action": sent_since(spans, acted),
+            "sent_after_converged": sent_since(spans, done)}
     # Settled: from the last restart plus the warm-up the static run skips too, or the start of the window in
     # which the SLO was first met for good, whichever is later.
     settled_from = max(last_restart(ticks, names) + WARMUP_S, (for_good or 0.0) - window)
@@ -376,19 +396,20 @@ def main() -> int:
             for a in run["actions"]:
                 print(f"  {arm} action {a['id']}: {a['policy']} {a['kind']} {a['target']} -> {a['max_num_seqs']} "
                       f"[{a['state']}] {a['outcome'] or ''}")
-            share = run["load"]["requests_within_slo_share"]
-            in_episode = run["episode"]["within_slo_share"]
-            rows.append([f"governed, {arm}", fmt(run["slo_met_s"], " s"), str(run["settled_values"]),
-                         fmt(run["throughput_settled"], "", 0), fmt((run["breach_share_settled"] or 0) * 100, " %"),
-                         fmt(None if share is None else share * 100, " %"),
-                         fmt(None if in_episode is None else in_episode * 100, " %"),
+            shares = [run["load"]["requests_within_slo_share"], run["episode"]["within_slo_share"],
+                      run["sent_after_action"]["within_slo_share"]]
+            rows.append([f"governed, {arm}", fmt(run["slo_met_s"], " s"), fmt(run["last_breach_s"], " s"),
+                         fmt(run["acted_s"], " s"), fmt(run["converged_s"], " s"), str(run["settled_values"]),
+                         fmt(run["throughput_settled"], "", 0),
+                         *[fmt(None if v is None else v * 100, " %") for v in shares],
                          str(run["load"]["requests_failed"]), fmt((r := vs_static(run)) and r * 100, " %", 0)])
         share = ref["load"]["requests_within_slo_share"]
-        rows.append([f"static {best}", fmt(ref["slo_met_s"], " s"), str(best), fmt(ref["throughput"], "", 0),
-                     fmt((ref["breach_share"] or 0) * 100, " %"), fmt(None if share is None else share * 100, " %"),
-                     "", str(ref["load"]["requests_failed"]), ""])
-        print(table(["", "SLO met (for good)", "value", "tokens/s (settled)", "readings > SLO",
-                     "requests within SLO", "in the episode", "failed", "vs best static"], rows))
+        rows.append([f"static {best}", fmt(ref["slo_met_s"], " s"), "", "", "", str(best),
+                     fmt(ref["throughput"], "", 0), fmt(None if share is None else share * 100, " %"), "", "",
+                     str(ref["load"]["requests_failed"]), ""])
+        print(table(["", "SLO met (for good)", "last breach", "acted", "converged", "value", "tokens/s (settled)",
+                     "requests within SLO", "in the episode", "sent after acting", "failed", "vs best static"],
+                    rows))
         for arm, run in arms.items():
             print(f"{arm}: first met at {fmt(run['slo_first_met_s'], ' s')}; settled span "
                   f"{run['settled_span_s']:.0f} s; 256 before the governor: "

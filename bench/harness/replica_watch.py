@@ -115,6 +115,25 @@ def slo_met(ticks: list[Tick], names: list[str], threshold: float, window: float
     return first, for_good
 
 
+def last_breach(ticks: list[Tick], names: list[str], threshold: float) -> float | None:
+    """When a replica last read ITL p99 above ``threshold`` (after it, every reading met it); None: never."""
+    return max((t.t for t in ticks for n in names
+                if (r := t.replicas.get(n)) is not None and r.itl_p99_s is not None and r.itl_p99_s > threshold),
+               default=None)
+
+
+def converged(ticks: list[Tick], names: list[str]) -> float | None:
+    """The first tick from which every replica was READY at its final value (its --max-num-seqs, or its live
+    cap) to the end; None without readings."""
+    final = final_values(ticks, names)
+    since = None
+    for tick in ticks:
+        there = all((r := tick.replicas.get(n)) is not None and r.state == "READY" and r.max_num_seqs == final[n]
+                    for n in names)
+        since = (since if since is not None else tick.t) if there else None
+    return since
+
+
 def breach_share(ticks: list[Tick], names: list[str], threshold: float, since: float) -> float | None:
     """The share of readings after ``since``, over all replicas, with ITL p99 above ``threshold``."""
     known = [r.itl_p99_s for t in ticks if t.t >= since for n in names
