@@ -184,8 +184,10 @@ class ServerConfig(BaseModel):
     policy_warm_standby: bool = True
     # Fleet-wide guardrails (budgets, rate limit, breaker): ``controlplane.policy.guardrails.GuardConfig``.
     guardrails: dict[str, Any] = Field(default_factory=dict)
-    # Canaries: how long a canary runs beside its peers before it is judged, and how much worse it may be.
+    # Canaries: the longest a canary runs beside its peers (the evidence usually decides sooner), how much worse
+    # it may be, and the chance of a wrong verdict over a whole window (docs/design.md, "Canary evidence").
     canary_window_seconds: float = Field(default=120.0, gt=0)
+    canary_alpha: float = Field(default=0.05, gt=0, lt=1)
     # A rollout's batch, READY at its new generation, is done this long after the control plane saw it so; only
     # then does the next batch leave rotation. At least the load balancer's time to put a replica back (HAProxy:
     # ``inter`` times ``rise``, 4 s with its defaults).

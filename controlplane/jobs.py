@@ -59,7 +59,7 @@ def rollout_settings(config: ServerConfig) -> RolloutSettings:
                            canary_window=timedelta(seconds=config.canary_window_seconds),
                            max_latency_regression=config.canary_max_latency_regression,
                            max_throughput_drop=config.canary_max_throughput_drop,
-                           guard=config.guard_config())
+                           canary_alpha=config.canary_alpha, guard=config.guard_config())
 
 
 class Jobs:
