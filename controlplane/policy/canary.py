@@ -37,7 +37,7 @@ class CanaryVerdict:
     figures: dict[str, float | None]
 
 
-def _figure(samples: Sequence[Values], key: str) -> float | None:
+def figure(samples: Sequence[Values], key: str) -> float | None:
     """The median reading of a latency, the mean of the throughput; None without readings."""
     values = [float(s[key]) for s in samples if s.get(key) is not None]
     if not values:
@@ -58,7 +58,7 @@ def judge_canary(canary: Sequence[Values], peers: Sequence[Sequence[Values]], ma
     figures: dict[str, float | None] = {}
     problems: list[str] = []
     for key in (*LATENCIES, THROUGHPUT):
-        mine, theirs = _figure(canary, key), _figure(pooled, key)
+        mine, theirs = figure(canary, key), figure(pooled, key)
         figures[f"canary_{key}"], figures[f"peers_{key}"] = mine, theirs
         if key in latencies and min_latency_gain is not None and (mine is None or not theirs):
             problems.append(f"no {key} reading {'of the canary' if mine is None else 'in the baseline'}: "

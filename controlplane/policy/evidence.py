@@ -30,7 +30,7 @@ from datetime import datetime
 from statistics import NormalDist
 from typing import Any
 
-from controlplane.policy.canary import LATENCIES, THROUGHPUT, CanaryVerdict
+from controlplane.policy.canary import LATENCIES, THROUGHPUT, CanaryVerdict, figure
 
 Values = Mapping[str, Any]
 Interval = tuple[float, float]  # a bucket's (lower, upper) bound; a point when equal
@@ -198,6 +198,11 @@ def judge_evidence(canary: Sequence[Values], baseline: Sequence[Sequence[Values]
     ``ratio``: the k of θ = P(X > k·Y)."""
     z_b = boundary(alpha, looks)
     figures: dict[str, float | None] = {"z_boundary": round(z_b, 3), "ratio": ratio}
+    # The p99 readings beside the evidence (the median of the agents' per-window p99s), as the window's end
+    # would compare them: what an operator reads first.
+    pooled = [s for samples in baseline for s in samples]
+    for key in LATENCIES:
+        figures[f"canary_{key}"], figures[f"peers_{key}"] = figure(canary, key), figure(pooled, key)
     tests: list[RankTest] = []
     waiting: list[str] = []
     for name in latencies:

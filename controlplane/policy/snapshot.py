@@ -274,10 +274,14 @@ class FleetSnapshot(_Frozen):
         return [r for r in self.replicas if r.model == model]
 
 
+# The engine fields a history sample leaves out: not time series (the window's histograms are read from the
+# store by the canary judge, never from the history).
+NOT_SERIES = frozenset({"prefix_cache_hit_ratio", "stalled", "scrape_error", "prompt_tokens_per_second", "window"})
+
+
 def sample_from_status(at: datetime, status: ReplicaStatus) -> ReplicaSample:
     """One history sample from a replica's status in an agent report (what the store keeps per report)."""
-    engine = status.engine.model_dump(exclude={"prefix_cache_hit_ratio", "stalled", "scrape_error",
-                                               "prompt_tokens_per_second"}) if status.engine else {}
+    engine = status.engine.model_dump(exclude=set(NOT_SERIES)) if status.engine else {}
     if status.engine is not None:
         engine["preemptions_per_second"] = status.engine.preemption_rate()
     process = status.process

@@ -386,6 +386,9 @@ def test_a_live_canary_passes_as_soon_as_the_evidence_is_in_not_after_its_window
     verdict = done.plan.canary_verdict
     assert verdict is not None and verdict.verdict == "pass" and verdict.reason.startswith("evidence in")
     assert verdict.figures["itl_z"] is not None and verdict.figures["itl_z"] < -verdict.figures["z_boundary"]
+    # The p99 readings stand beside the evidence, as an operator reads them first.
+    mine, theirs = verdict.figures["canary_itl_p99_seconds"], verdict.figures["peers_itl_p99_seconds"]
+    assert mine is not None and theirs is not None and mine < theirs
 
 
 def test_a_live_canary_clearly_worse_is_rolled_back_within_seconds() -> None:

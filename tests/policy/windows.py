@@ -38,7 +38,9 @@ def window(ended_at: datetime, itl: Sequence[float], *, steps: float | None, ttf
         w["steps"] = steps
     if ttft:
         w["ttft"] = histogram(ttft, TTFT_BOUNDS)
-    return {"generation_tokens_per_second": tps, "window": w}
+    # The agent's p99 of the same window beside it (nearest rank over the draws).
+    p99 = sorted(itl)[max(0, int(0.99 * len(itl)) - 1)] if itl else None
+    return {"generation_tokens_per_second": tps, "itl_p99_seconds": p99, "window": w}
 
 
 def stream(rng: random.Random, since: datetime, n: int, *, median: float, steps: int = 40, batch: int = 8,
