@@ -237,19 +237,24 @@ def _rate(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None, less: floa
     return max(0.0, delta - less) / (cur.at - prev.at)
 
 
-def _window_quantiles(key: str, cur: EngineSnapshot, prev: EngineSnapshot | None,
-                      qs: tuple[float, ...]) -> list[float | None]:
-    if prev is None or key not in cur.histograms:
+def _window_deltas(cur: EngineSnapshot, prev: EngineSnapshot | None) -> dict[str, dict[float, float]]:
+    """Each histogram of ``cur`` over the window since ``prev`` (none without it), computed once a scrape for the
+    quantiles and the window's histograms alike."""
+    if prev is None:
+        return {}
+    return {key: bucket_delta(buckets, prev.histograms.get(key)) for key, buckets in cur.histograms.items()}
+
+
+def _window_quantiles(window: dict[float, float] | None, qs: tuple[float, ...]) -> list[float | None]:
+    if window is None:
         return [None for _ in qs]
-    window = bucket_delta(cur.histograms[key], prev.histograms.get(key))
     return [quantile(q, window) for q in qs]
 
 
-def _window_histogram(key: str, cur: EngineSnapshot, prev: EngineSnapshot) -> WindowHistogram | None:
-    """Histogram ``key`` over the window as counts per bucket; None when the engine has none or saw nothing."""
-    if key not in cur.histograms:
+def _window_histogram(window: dict[float, float] | None) -> WindowHistogram | None:
+    """One histogram over the window as counts per bucket; None when the engine has none or saw nothing."""
+    if window is None:
         return None
-    window = bucket_delta(cur.histograms[key], prev.histograms.get(key))
     bounds = sorted(window)
     if not bounds or not math.isinf(bounds[-1]) or len(bounds) > MAX_BUCKETS + 1:
         return None
@@ -260,16 +265,15 @@ def _window_histogram(key: str, cur: EngineSnapshot, prev: EngineSnapshot) -> Wi
     return WindowHistogram(bounds=bounds[:-1], counts=counts)
 
 
-def engine_window(cur: EngineSnapshot, prev: EngineSnapshot | None, ended_at: datetime | None) -> EngineWindow | None:
-    """The per-request latencies observed between two scrapes, for judging a canary on evidence."""
+def _engine_window(cur: EngineSnapshot, prev: EngineSnapshot | None, ended_at: datetime | None,
+                   deltas: dict[str, dict[float, float]]) -> EngineWindow | None:
+    """The per-request latencies observed between two scrapes (``deltas``: their ``_window_deltas``), for judging
+    a canary on evidence."""
     if prev is None or ended_at is None or cur.at <= prev.at:
         return None
-    steps = None
-    if "steps" in cur.histograms:
-        total = bucket_delta(cur.histograms["steps"], prev.histograms.get("steps")).get(math.inf)
-        steps = bounded(total, 0.0, math.inf)
+    steps = None if "steps" not in deltas else bounded(deltas["steps"].get(math.inf), 0.0, math.inf)
     return EngineWindow(ended_at=ended_at, seconds=cur.at - prev.at, steps=steps,
-                        ttft=_window_histogram("ttft", cur, prev), itl=_window_histogram("itl", cur, prev))
+                        ttft=_window_histogram(deltas.get("ttft")), itl=_window_histogram(deltas.get("itl")))
 
 
 _RATIOS = frozenset({"kv_cache_usage_ratio", "prefix_cache_hit_ratio"})
@@ -281,9 +285,10 @@ def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None, stalled: boo
     ``own_errors``: errors of the window that were the agent's own aborted canaries, left out of the rate.
     ``ended_at``: the wall clock at ``cur``, which names the window's histograms (none without it)."""
     v = cur.values
-    ttft = _window_quantiles("ttft", cur, prev, (0.5, 0.95, 0.99))
-    itl = _window_quantiles("itl", cur, prev, (0.5, 0.95, 0.99))
-    (e2e99,) = _window_quantiles("e2e", cur, prev, (0.99,))
+    deltas = _window_deltas(cur, prev)
+    ttft = _window_quantiles(deltas.get("ttft"), (0.5, 0.95, 0.99))
+    itl = _window_quantiles(deltas.get("itl"), (0.5, 0.95, 0.99))
+    (e2e99,) = _window_quantiles(deltas.get("e2e"), (0.99,))
     hit_ratio = None
     if prev is not None and "prefix_queries" in v and "prefix_queries" in prev.values:
         queries = _rate("prefix_queries", cur, prev)
@@ -308,5 +313,5 @@ def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None, stalled: boo
     }
     # An engine's NaN, +Inf or negative number (or a window over one) is no reading: it goes as None, never as a
     # value the control plane refuses with the whole report.
-    return EngineSample(stalled=stalled, window=engine_window(cur, prev, ended_at), **{
+    return EngineSample(stalled=stalled, window=_engine_window(cur, prev, ended_at, deltas), **{
         name: bounded(value, 0.0, 1.0 if name in _RATIOS else math.inf) for name, value in readings.items()})
