@@ -69,20 +69,31 @@ class Pooled:
         return self.total
 
 
-def _windows(samples: Iterable[Values], since: datetime | None) -> dict[str, Values]:
-    """The scrape windows in ``samples``, each once (a window travels in every report until the next scrape),
-    keeping those that began at ``since`` or later."""
-    found: dict[str, Values] = {}
+def _distinct(samples: Iterable[Values]) -> tuple[dict[str, Values], list[Values]]:
+    """The samples that name a scrape window, one per window (a window travels in every report until the next
+    scrape), and the samples that name none (an agent that reports no windows)."""
+    named: dict[str, Values] = {}
+    unnamed: list[Values] = []
     for values in samples:
         window = values.get("window")
-        if not isinstance(window, Mapping) or "ended_at" not in window:
-            continue
+        if isinstance(window, Mapping) and "ended_at" in window:
+            named[str(window["ended_at"])] = values
+        else:
+            unnamed.append(values)
+    return named, unnamed
+
+
+def _windows(samples: Iterable[Values], since: datetime | None) -> list[Mapping[str, Any]]:
+    """The distinct scrape windows in ``samples`` that began at ``since`` or later."""
+    found = []
+    for values in _distinct(samples)[0].values():
+        window = values["window"]
         ended = _when(window["ended_at"])
         if ended is None:
             continue
         began = ended.timestamp() - float(window.get("seconds") or 0.0)
         if since is None or began >= since.timestamp():
-            found[str(window["ended_at"])] = window
+            found.append(window)
     return found
 
 
@@ -99,7 +110,7 @@ def pool(samples: Iterable[Values], latency: str, since: datetime | None = None)
     buckets: dict[Interval, float] = {}
     windows, steps = 0, 0.0
     counted_steps = True
-    for window in _windows(samples, since).values():
+    for window in _windows(samples, since):
         histogram = window.get(latency)
         if not isinstance(histogram, Mapping):
             continue
@@ -174,16 +185,8 @@ def boundary(alpha: float, looks: int) -> float:
 def _throughput(samples: Iterable[Values]) -> tuple[float | None, int]:
     """The mean generation rate over the distinct scrape windows of ``samples``, and how many there were (a
     reading that names no window counts only where none does: an agent that reports none)."""
-    rates: dict[object, float] = {}
-    unnamed: list[float] = []
-    for s in samples:
-        if s.get(THROUGHPUT) is not None:
-            window = s.get("window")
-            if isinstance(window, Mapping) and "ended_at" in window:
-                rates[window["ended_at"]] = float(s[THROUGHPUT])
-            else:
-                unnamed.append(float(s[THROUGHPUT]))
-    values = list(rates.values()) or unnamed
+    named, unnamed = _distinct(s for s in samples if s.get(THROUGHPUT) is not None)
+    values = [float(s[THROUGHPUT]) for s in (list(named.values()) or unnamed)]
     return (sum(values) / len(values) if values else None), len(values)
 
 
