@@ -226,10 +226,10 @@ def _time_left(action: Json, progress: _Progress, now: datetime, canary_window: 
         ready = rollout.canary_ready_at
         if ready is None:
             return "time left: known once the canary is back"
-        verdict = rollout.canary_verdict
-        if verdict is not None and verdict.verdict == "wait" and not verdict.reason.startswith("evidence"):
-            return "canary judged once enough of its readings come"  # its window has run
         judged_at = rollout.canary_judged_at or (None if canary_window is None else ready + canary_window)
+        waiting = rollout.canary_verdict is not None and rollout.canary_verdict.verdict == "wait"
+        if waiting and (judged_at is None or now >= judged_at):
+            return "canary judged once enough of its readings come"  # its window has run
         if judged_at is None:  # a plan recorded before it kept the moment
             return f"canary READY for {_seconds_text((now - ready).total_seconds())}, judged once its window has run"
         due = (judged_at - now).total_seconds()
