@@ -191,14 +191,13 @@ def fleet_run(tmp: Path, load: Load, value: int, seconds: float, server: dict[st
                    | {"max_num_seqs": a["params"].get("max_num_seqs", a["params"].get("live_cap"))}
                    for a in fleet.actions()]
     served = [r for r in results if r.finished and r.ok and r.itls]
-    # Each served request judged by its own inter-token p99 against the SLO: what its user saw.
-    within = (None if slo is None or not served else
-              sum(1 for r in served if (percentile(r.itls, 99) or 0.0) <= slo) / len(served))
-    # Every request sent, as (sent, ended or None, within the SLO), in seconds on the watch's clock: a failed or
+    # Each served request judged by its own inter-token p99 against the SLO: what its user saw. A failed or
     # cut-off one is not within.
+    met = {id(r): slo is not None and (percentile(r.itls, 99) or 0.0) <= slo for r in served}
+    within = None if slo is None or not served else sum(met.values()) / len(served)
+    # Every request sent, as (sent, ended or None, within the SLO), in seconds on the watch's clock.
     spans = [(round(r.started - watch.started, 2), None if r.ended is None else round(r.ended - watch.started, 2),
-              bool(slo is not None and r.finished and r.ok and r.itls and (percentile(r.itls, 99) or 0.0) <= slo))
-             for r in results if r.started is not None]
+              met.get(id(r), False)) for r in results if r.started is not None]
     for a in actions:
         a["at_s"] = round(datetime.fromisoformat(str(a["created_at"])).timestamp() - wall0, 1)
     series = [[round(t.t, 1), {n: [r.state[:1], r.max_num_seqs, None if r.itl_p99_s is None else round(r.itl_p99_s, 4)]
