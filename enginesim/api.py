@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from enginesim.dp import DataParallel
 from enginesim.engine import Engine, EngineDeadError, EngineState, Failed, Finished, RequestHandle, Token
 from enginesim.protocol import ApiError, GenerationRequest, ResponseWriter, parse_request
 
@@ -39,7 +40,7 @@ class StreamBrokenError(Exception):
 class ServingContext:
     """What the routes read: the engine, the served names, the registry and the fault knobs."""
 
-    engine: Engine
+    engine: Engine | DataParallel
     model: str
     served_names: list[str]
     max_model_len: int
@@ -93,7 +94,8 @@ async def _stream(ctx: ServingContext, req: GenerationRequest, handle: RequestHa
             engine.abort(handle)  # the client went away
 
 
-async def _generate(ctx: ServingContext, request: Request, *, chat: bool) -> Response:
+async def generate(ctx: ServingContext, request: Request, *, chat: bool) -> Response:
+    """Answer one /v1/completions (``chat`` False) or /v1/chat/completions request."""
     arrival = ctx.engine.clock.now()
     try:
         body = await request.json()
@@ -107,12 +109,12 @@ async def _generate(ctx: ServingContext, request: Request, *, chat: bool) -> Res
     except ApiError as exc:
         return _error(exc)
     if ctx.error_rate > 0 and ctx.rng.random() < ctx.error_rate:
-        if not ctx.engine.metrics.frozen:  # a hung engine's counters stay flat (vllm#39863)
-            ctx.engine.metrics.success["error"].inc()
+        ctx.engine.metrics.error_answered()
         return _error(ApiError(500, "Internal server error (injected fault)."))
     try:
         handle = ctx.engine.submit(prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
-                                   ignore_eos=req.ignore_eos, prefixes=req.prefixes, arrival=arrival)
+                                   ignore_eos=req.ignore_eos, prefixes=req.prefixes, arrival=arrival,
+                                   stream=req.stream)
     except EngineDeadError as exc:
         return _error(ApiError(500, f"EngineCore encountered an issue: {exc}"))
     if req.stream:
@@ -182,20 +184,22 @@ def create_app(ctx: ServingContext) -> Starlette:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def completions(request: Request) -> Response:
-        return await _generate(ctx, request, chat=False)
+        return await generate(ctx, request, chat=False)
 
     async def chat_completions(request: Request) -> Response:
-        return await _generate(ctx, request, chat=True)
-
-    async def http_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        return await generate(ctx, request, chat=True)
 
     routes = [Route("/health", health, methods=["GET"]), Route("/version", version, methods=["GET"]),
               Route("/v1/models", models, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"])]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    return Starlette(routes=routes, exception_handlers={HTTPException: json_http_error})
+
+
+async def json_http_error(_: Request, exc: Exception) -> Response:
+    """FastAPI's answer to an unknown path or method: ``{"detail": ...}``."""
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
 class DropBrokenStreams:

@@ -3,7 +3,8 @@
 ``serve`` takes the ``vllm serve`` flags Pitstop manages, simulator flags (``--sim-*``) and fault flags
 (``--fault-*``, also ``PITSTOP_SIM_FAULT_*`` env vars). Any other vLLM flag (``--foo``, ``--foo value``,
 ``--foo=value``) is accepted and ignored with one warning line on stderr, so an engine command line written
-for real vLLM starts the simulator unchanged.
+for real vLLM starts the simulator unchanged. ``serve --engine sglang`` takes SGLang's launch flags instead
+(``enginesim/sglang.py``), its unknown flags ignored the same way.
 """
 
 from __future__ import annotations
@@ -15,23 +16,44 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
+from enginesim import sglang
 from enginesim.faults import HANG_GAUGES, FaultConfig, resolve_faults
 from enginesim.gpufile import gpu_indices
 from enginesim.loadgen import LoadSpec, run_load
 from enginesim.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from enginesim.server import ServeConfig, configure_logging, serve
+from enginesim.sglang_server import kv_tokens
 
 DEFAULT_GPU_DIR = ".pitstop/simgpu"
+ENGINES = ("vllm", "sglang")
 
 
-def _serve_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pitstop sim serve", description="Serve a simulated vLLM 0.33 engine.",
-                                allow_abbrev=False)
-    p.add_argument("model", nargs="?", help="model name or path (as for vllm serve)")
-    p.add_argument("--model", dest="model_flag", help=argparse.SUPPRESS)
+def _engine_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pitstop sim serve", add_help=False, allow_abbrev=False)
+    p.add_argument("--engine", choices=ENGINES, default="vllm",
+                   help="the engine to pass for: vllm (default) or sglang (then SGLang's flags apply)")
+    return p
+
+
+def _serve_parser(engine: str = "vllm") -> argparse.ArgumentParser:
+    title = "SGLang 0.5.23" if engine == "sglang" else "vLLM 0.33"
+    p = argparse.ArgumentParser(prog="pitstop sim serve", description=f"Serve a simulated {title} engine.",
+                                allow_abbrev=False, parents=[_engine_parser()])
+    p.add_argument("model", nargs="?", help="model name or path (as for vllm serve)" if engine == "vllm" else
+                   "model name or path (SGLang's own flag is --model-path)")
+    if engine == "sglang":
+        sglang.add_flags(p)
+    else:
+        p.add_argument("--model", dest="model_flag", help=argparse.SUPPRESS)
+        _add_vllm_flags(p)
+    _add_sim_flags(p)
+    return p
+
+
+def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     v = p.add_argument_group("vllm serve flags")
     v.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; vLLM's is 0.0.0.0)")
     v.add_argument("--port", type=int, default=8000)
@@ -53,6 +75,9 @@ def _serve_parser() -> argparse.ArgumentParser:
     v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     v.add_argument("--shutdown-timeout", type=float, default=0.0,
                    help="on SIGTERM, seconds to let in-flight requests finish (0: abort them)")
+
+
+def _add_sim_flags(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("simulator flags")
     s.add_argument("--sim-profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
     s.add_argument("--sim-startup-seconds", type=float, default=3.0,
@@ -95,7 +120,6 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="timed faults count from the unix time in PATH (waiting until it exists) instead of from "
                         "when this server listens; a hang, crash, XID or timed leak whose moment passed before "
                         "this server listened never fires here, a hot GPU or latency surge holds from the start")
-    return p
 
 
 def split_unknown(extras: list[str]) -> tuple[list[str], list[str]]:
@@ -115,20 +139,19 @@ def split_unknown(extras: list[str]) -> tuple[list[str], list[str]]:
 
 
 def serve_config(argv: list[str], env: Mapping[str, str]) -> tuple[ServeConfig, list[str]]:
-    """Parse ``serve`` arguments; returns the config and the ignored vLLM flags. SystemExit on bad input."""
-    parser = _serve_parser()
+    """Parse ``serve`` arguments; returns the config and the ignored engine flags. SystemExit on bad input."""
+    engine = _engine_parser().parse_known_args(argv)[0].engine
+    parser = _serve_parser(engine)
     args, extras = parser.parse_known_args(argv)
     ignored, strays = split_unknown(extras)
-    model = args.model or args.model_flag
+    model = (args.model_path or args.model) if engine == "sglang" else (args.model or args.model_flag)
     if strays or not model:
         parser.error(f"unexpected arguments: {' '.join(strays)}" if strays else "the model is required")
+    if engine == "sglang":
+        return _sglang_config(args, parser, env), ignored
     if args.tensor_parallel_size < 1:
         parser.error(f"--tensor-parallel-size must be at least 1, got {args.tensor_parallel_size}")
-    fault_flags = {f.name: getattr(args, "fault_" + f.name) for f in fields(FaultConfig)}
-    try:
-        faults = resolve_faults(fault_flags, env)
-    except ValueError as exc:
-        parser.error(str(exc))
+    faults = _faults(args, parser, env)
     config = ServeConfig(
         model=model, profile=get_profile(args.sim_profile), host=args.host, port=args.port,
         served_model_names=args.served_model_name or [], max_num_seqs=args.max_num_seqs,
@@ -143,6 +166,32 @@ def serve_config(argv: list[str], env: Mapping[str, str]) -> tuple[ServeConfig, 
         keep_alive=keep_alive_seconds(env.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE"), parser),
     )
     return config, ignored
+
+
+def _faults(args: argparse.Namespace, parser: argparse.ArgumentParser, env: Mapping[str, str]) -> FaultConfig:
+    fault_flags = {f.name: getattr(args, "fault_" + f.name) for f in fields(FaultConfig)}
+    try:
+        return resolve_faults(fault_flags, env)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def _sglang_config(args: argparse.Namespace, parser: argparse.ArgumentParser, env: Mapping[str, str]) -> ServeConfig:
+    """``serve --engine sglang``: SGLang's flags onto the shared config, the running limit sized as SGLang does."""
+    if args.tp_size < 1:
+        parser.error(f"--tp-size must be at least 1, got {args.tp_size}")
+    try:
+        options = sglang.options(args, env)
+        shared = sglang.shared_settings(args, env)
+    except ValueError as exc:
+        parser.error(str(exc))
+    config = ServeConfig(
+        profile=get_profile(args.sim_profile), sglang=options, faults=_faults(args, parser, env),
+        startup_seconds=args.sim_startup_seconds, seed=args.sim_seed,
+        gpu_dir=Path(args.sim_gpu_dir or env.get("PITSTOP_SIM_GPU_DIR") or DEFAULT_GPU_DIR),
+        gpu_indices=gpu_indices(env.get("CUDA_VISIBLE_DEVICES")), **shared)
+    limit = sglang.max_running_requests(args.max_running_requests, kv_tokens(config), config.model_len)
+    return replace(config, max_num_seqs=limit)
 
 
 def keep_alive_seconds(value: str | None, parser: argparse.ArgumentParser) -> int:
@@ -182,16 +231,23 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: pitstop sim {serve,load} ...\n\n"
               "  serve MODEL [vllm serve flags]  run a simulated vLLM 0.33 server\n"
+              "  serve --engine sglang --model-path MODEL [sglang flags]\n"
+              "                                 run a simulated SGLang 0.5.23 server\n"
               "  load URL [URL ...]             streaming load generator with a JSON summary")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "serve":
         config, ignored = serve_config(rest, os.environ)
         if ignored:
-            print(f"WARNING: ignoring vLLM flags the simulator does not model: {', '.join(ignored)}",
+            engine = "SGLang" if config.sglang is not None else "vLLM"
+            print(f"WARNING: ignoring {engine} flags the simulator does not model: {', '.join(ignored)}",
                   file=sys.stderr, flush=True)
         configure_logging()
-        return asyncio.run(serve(config))
+        code = asyncio.run(serve(config))
+        if code < 0:  # the server dies by that signal, as SGLang's does when it loses a scheduler
+            sys.stderr.flush()
+            os.kill(os.getpid(), -code)
+        return code
     if command == "load":
         a = _load_parser().parse_args(rest)
         spec = LoadSpec(urls=a.urls, concurrency=a.concurrency, duration=a.duration, rate=a.rate,

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from enginesim.clock import Clock
 from enginesim.faults import HangGauges
-from enginesim.metrics import EngineMetrics
 from enginesim.profiles import SpeedProfile
 from enginesim.scheduler import KvCacheExhausted, Scheduler, Sequence, StepPlan
+from enginesim.sink import MetricsSink
 
 PREFIX_CACHE_ENTRIES = 4096
 
@@ -62,13 +62,17 @@ class RequestHandle:
     seq: Sequence
     max_tokens: int
     arrival: float
-    metrics: EngineMetrics
+    metrics: MetricsSink
     events: asyncio.Queue[StreamEvent] = field(default_factory=asyncio.Queue)
     first_scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
     ttft_observed: bool = False
     done: bool = False
+    # How the client asked (SGLang labels streaming apart), and whether it is counted at all (SGLang's health
+    # check generates a token without moving any metric).
+    stream: bool = False
+    log_metrics: bool = True
 
     def first_token_sent(self, now: float) -> None:
         """Record TTFT once, at the moment the first token reaches the client's connection."""
@@ -76,13 +80,13 @@ class RequestHandle:
             self.ttft_observed = True
             # A token queued just before a hang may still be written; a frozen core's histograms stay put.
             if not self.metrics.frozen:
-                self.metrics.ttft.observe(now - self.arrival)
+                self.metrics.first_token_sent(self, now - self.arrival)
 
 
 class Engine:
     """Continuous batching over a Scheduler, timed by a SpeedProfile, on an injected Clock."""
 
-    def __init__(self, *, profile: SpeedProfile, scheduler: Scheduler, metrics: EngineMetrics, clock: Clock,
+    def __init__(self, *, profile: SpeedProfile, scheduler: Scheduler, metrics: MetricsSink, clock: Clock,
                  prefix_caching: bool = True, seed: int = 0, step_overhead_s: float = 0.0) -> None:
         self.profile = profile
         # A fixed cost every step pays on top of the profile's (the slow all-reduce fault, ``faults.py``).
@@ -110,10 +114,16 @@ class Engine:
         self._stopped = asyncio.Event()
         self._ids = 0
         self._step_end = 0.0
+        # When a step last gave any request a token (None: never); SGLang's health check waits for one.
+        self.last_output: float | None = None
 
     @property
     def in_flight(self) -> int:
         return len(self._handles)
+
+    def has_work(self) -> bool:
+        """A request is running or queued."""
+        return self.scheduler.has_work
 
     async def wait_idle(self) -> None:
         """Return once no request is in flight."""
@@ -129,7 +139,8 @@ class Engine:
         return max(1, min(max_tokens, natural))
 
     def submit(self, *, prompt_tokens: int, max_tokens: int, ignore_eos: bool = False,
-               prefixes: tuple[tuple[int, int], ...] = (), arrival: float | None = None) -> RequestHandle:
+               prefixes: tuple[tuple[int, int], ...] = (), arrival: float | None = None, stream: bool = False,
+               log_metrics: bool = True) -> RequestHandle:
         """Queue a request; its tokens arrive on the returned handle's ``events``."""
         if self.state is EngineState.DEAD or self.state is EngineState.STOPPED:
             raise EngineDeadError(self.death_message or "engine is not running")
@@ -138,15 +149,14 @@ class Engine:
         seq = Sequence(request_id=f"req-{self._ids}", prompt_tokens=prompt_tokens,
                        output_tokens=self.output_length(max_tokens, ignore_eos), cached_tokens=cached)
         handle = RequestHandle(seq=seq, max_tokens=max_tokens,
-                               arrival=self.clock.now() if arrival is None else arrival, metrics=self.metrics)
+                               arrival=self.clock.now() if arrival is None else arrival, metrics=self.metrics,
+                               stream=stream, log_metrics=log_metrics)
         self._handles[seq] = handle
         self.scheduler.add(seq)
         # A hung engine still takes the request (vLLM's API server queues it for the frozen core) but counts
         # nothing: in vLLM these families come from the core's stats, which stopped (vllm#39863).
         if not self.metrics.frozen:
-            self.metrics.params_n.observe(1)
-            self.metrics.params_max_tokens.observe(max_tokens)
-            self.metrics.request_max_tokens.observe(max_tokens)
+            self.metrics.request_submitted(handle)
         self._publish_gauges()
         self._wake.set()
         return handle
@@ -156,7 +166,7 @@ class Engine:
         if not self.prefix_caching or not prefixes:
             return 0
         if not self.metrics.frozen:
-            self.metrics.prefix_queries.inc(prompt_tokens)
+            self.metrics.prefix_queried(prompt_tokens)
         matched = 0
         for key, tokens in prefixes:
             if key in self._prefix_cache:
@@ -170,7 +180,7 @@ class Engine:
         block = self.scheduler.block_size
         cached = min(matched, prompt_tokens - 1) // block * block
         if cached and not self.metrics.frozen:
-            self.metrics.prefix_hits.inc(cached)
+            self.metrics.prefix_hit(cached)
         return cached
 
     def abort(self, handle: RequestHandle) -> None:
@@ -178,6 +188,7 @@ class Engine:
         if handle.done:
             return
         self.scheduler.remove(handle.seq)
+        self.metrics.request_aborted(handle)
         if self.metrics.frozen:
             # Hung: the request is forgotten here so nothing leaks, but a frozen core never reports the abort.
             handle.done = True
@@ -219,7 +230,7 @@ class Engine:
             self.scheduler.remove(handle.seq)
             handle.done = True
             if not self.metrics.frozen:
-                self.metrics.success[reason].inc()
+                self.metrics.request_failed(handle, reason)
             handle.events.put_nowait(Failed(message))
         self._handles.clear()
         self._publish_gauges()
@@ -261,6 +272,7 @@ class Engine:
             self.load_seconds += seconds * self.profile.utilization(len(plan.scheduled))
             if self.state is not EngineState.RUNNING:
                 break
+            self.metrics.step_ran(plan, seconds)
             self._on_step_done(plan)
         if self.state is EngineState.HUNG:
             await self._stopped.wait()
@@ -269,27 +281,26 @@ class Engine:
         now = self.clock.now()
         for seq in plan.newly_admitted:
             self._handles[seq].first_scheduled = now
-        if plan.preempted:
-            self.metrics.preemptions.inc(len(plan.preempted))
-        if plan.scheduled:
-            self.metrics.iteration_tokens.observe(plan.num_tokens)
+        self.metrics.step_scheduled(plan)
 
     def _on_step_done(self, plan: StepPlan) -> None:
         outcome = self.scheduler.complete(plan)
         now = self.clock.now()
         m = self.metrics
         for seq in outcome.prefill_done:
-            m.prompt_tokens.inc(seq.prompt_tokens)
+            m.prefill_done(seq)
+        if outcome.emitted:
+            self.last_output = now
         for seq in outcome.emitted:
             handle = self._handles.get(seq)
             if handle is None:
                 continue
-            m.generation_tokens.inc()
             if handle.first_token is None:
                 handle.first_token = now
+                m.token_emitted(handle, None)
             else:
                 assert handle.last_token is not None
-                m.itl.observe(now - handle.last_token)
+                m.token_emitted(handle, now - handle.last_token)
             handle.last_token = now
             handle.events.put_nowait(Token(seq.generated - 1))
         for seq in outcome.finished:
@@ -297,36 +308,23 @@ class Engine:
             if handle is not None:
                 reason = "length" if seq.generated >= handle.max_tokens else "stop"
                 self._finish(handle, reason, now, deliver=True)
-        self._publish_gauges()
+        self._publish_gauges(plan)
 
     def _finish(self, handle: RequestHandle, reason: str, now: float, *, deliver: bool) -> None:
         handle.done = True
         self._handles.pop(handle.seq, None)
         self.completed += 1
-        m = self.metrics
-        m.success[reason].inc()
-        m.e2e.observe(now - handle.arrival)
-        if handle.first_scheduled is not None:
-            m.queue_time.observe(handle.first_scheduled - handle.arrival)
-            m.inference_time.observe(now - handle.first_scheduled)
-        if handle.first_token is not None and handle.first_scheduled is not None:
-            m.prefill_time.observe(handle.first_token - handle.first_scheduled)
-            m.decode_time.observe(now - handle.first_token)
-        if handle.seq.generated > 1 and handle.first_token is not None:
-            m.tpot.observe((now - handle.first_token) / (handle.seq.generated - 1))
-        m.request_prompt_tokens.observe(handle.seq.prompt_tokens)
-        m.request_generation_tokens.observe(handle.seq.generated)
-        m.request_preemptions.observe(handle.seq.num_preemptions)
+        self.metrics.request_finished(handle, reason, now)
         if deliver:
             handle.events.put_nowait(Finished(reason))
 
-    def _publish_gauges(self) -> None:
+    def _publish_gauges(self, step: StepPlan | None = None) -> None:
         """Wake ``wait_idle`` when nothing is in flight and set the scheduler gauges (a no-op once frozen)."""
         if not self._handles:
             self._idle.set()
         waiting = len(self.scheduler.waiting)
         self.metrics.set_scheduler_state(running=len(self.scheduler.running), waiting=waiting,
-                                         waiting_for_capacity=waiting, kv_usage=self.scheduler.kv_usage)
+                                         waiting_for_capacity=waiting, kv_usage=self.scheduler.kv_usage, step=step)
 
 
 def prompt_token_estimate(text: str) -> int:

@@ -9,8 +9,13 @@ and ``engine``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from enginesim.engine import RequestHandle
+    from enginesim.scheduler import Sequence, StepPlan
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -176,6 +181,64 @@ class EngineMetrics:
         assert isinstance(fam, Histogram)
         return fam
 
+    # The engine's events (``sink.MetricsSink``), as vLLM counts them.
+
+    def request_submitted(self, handle: RequestHandle) -> None:
+        self.params_n.observe(1)
+        self.params_max_tokens.observe(handle.max_tokens)
+        self.request_max_tokens.observe(handle.max_tokens)
+
+    def prefix_queried(self, prompt_tokens: int) -> None:
+        self.prefix_queries.inc(prompt_tokens)
+
+    def prefix_hit(self, cached_tokens: int) -> None:
+        self.prefix_hits.inc(cached_tokens)
+
+    def step_scheduled(self, plan: StepPlan) -> None:
+        if plan.preempted:
+            self.preemptions.inc(len(plan.preempted))
+        if plan.scheduled:
+            self.iteration_tokens.observe(plan.num_tokens)
+
+    def step_ran(self, plan: StepPlan, seconds: float) -> None:
+        pass  # vLLM exports no device-time counter
+
+    def prefill_done(self, seq: Sequence) -> None:
+        self.prompt_tokens.inc(seq.prompt_tokens)
+
+    def token_emitted(self, handle: RequestHandle, gap: float | None) -> None:
+        self.generation_tokens.inc()
+        if gap is not None:
+            self.itl.observe(gap)
+
+    def first_token_sent(self, handle: RequestHandle, ttft: float) -> None:
+        self.ttft.observe(ttft)
+
+    def request_finished(self, handle: RequestHandle, reason: str, now: float) -> None:
+        self.success[reason].inc()
+        self.e2e.observe(now - handle.arrival)
+        if handle.first_scheduled is not None:
+            self.queue_time.observe(handle.first_scheduled - handle.arrival)
+            self.inference_time.observe(now - handle.first_scheduled)
+        if handle.first_token is not None and handle.first_scheduled is not None:
+            self.prefill_time.observe(handle.first_token - handle.first_scheduled)
+            self.decode_time.observe(now - handle.first_token)
+        if handle.seq.generated > 1 and handle.first_token is not None:
+            self.tpot.observe((now - handle.first_token) / (handle.seq.generated - 1))
+        self.request_prompt_tokens.observe(handle.seq.prompt_tokens)
+        self.request_generation_tokens.observe(handle.seq.generated)
+        self.request_preemptions.observe(handle.seq.num_preemptions)
+
+    def request_failed(self, handle: RequestHandle, reason: str) -> None:
+        self.success[reason].inc()
+
+    def request_aborted(self, handle: RequestHandle) -> None:
+        pass  # counted when the engine finishes it as ``abort``; a frozen core never reports it
+
+    def error_answered(self) -> None:
+        if not self.frozen:  # a hung engine's counters stay flat (vllm#39863)
+            self.success["error"].inc()
+
     def freeze(self, *, zero_scheduler_gauges: bool) -> None:
         """Stop publishing for good, first zeroing the running and waiting gauges if asked (KV usage stays)."""
         if zero_scheduler_gauges and not self.frozen:
@@ -186,7 +249,7 @@ class EngineMetrics:
         self.frozen = True
 
     def set_scheduler_state(self, *, running: int, waiting: int, waiting_for_capacity: int,
-                            kv_usage: float) -> None:
+                            kv_usage: float, step: StepPlan | None = None) -> None:
         """Gauges as vLLM sets them after every step; nothing once frozen."""
         if self.frozen:
             return

@@ -1,7 +1,8 @@
 """One simulated vLLM server process: cold start, HTTP serving, GPU files, faults and signal handling.
 
 ``serve(config)`` is the process's whole life and returns its exit code: 0 after SIGTERM/SIGINT, 1 when the
-engine dies (crash fault, CUDA OOM) or start-up fails. SIGTERM follows ``vllm serve``: with
+engine dies (crash fault, CUDA OOM) or start-up fails; a negative code -N means the process is to die by signal
+N (the SGLang face, ``sglang_server``, dies by SIGKILL as SGLang does). SIGTERM follows ``vllm serve``: with
 ``--shutdown-timeout 0`` in-flight requests are aborted at once (streams end broken); with N > 0 new requests
 get 500 while in-flight ones finish, for at most N seconds, and /health stays 200 meanwhile.
 """
@@ -17,7 +18,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO, cast
@@ -27,12 +28,14 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 from enginesim.api import VLLM_VERSION, DropBrokenStreams, ServingContext, create_app
 from enginesim.clock import Clock, RealClock
+from enginesim.dp import DataParallel
 from enginesim.engine import Engine, EngineState
 from enginesim.faults import MIB, FaultConfig, RssLeak, all_reduce_penalty_seconds, fault_delay, read_clock_file
 from enginesim.gpufile import SimulatedGpu, remove_readings, write_reading
 from enginesim.metrics import EngineMetrics
 from enginesim.profiles import SpeedProfile
 from enginesim.scheduler import Scheduler
+from enginesim.sglang import SglangOptions
 
 GPU_FILE_INTERVAL_S = 1.0
 LEAK_INTERVAL_S = 1.0
@@ -65,6 +68,8 @@ class ServeConfig:
     keep_alive: int = 5
     # ``--scheduler-cls``: a dotted name on the engine's PYTHONPATH, as vLLM takes it (None: its own scheduler).
     scheduler_cls: str | None = None
+    # ``--engine sglang``: what SGLang's flags decide beyond the fields above (None: the vLLM face).
+    sglang: SglangOptions | None = None
 
     @property
     def names(self) -> list[str]:
@@ -75,7 +80,7 @@ class ServeConfig:
         return self.max_model_len or self.profile.max_model_len
 
 
-class _Server(uvicorn.Server):
+class UvicornServer(uvicorn.Server):
     """uvicorn without its own signal handlers: this process decides what SIGTERM means."""
 
     @contextlib.contextmanager
@@ -83,7 +88,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _log(out: TextIO, message: str) -> None:
+def log(out: TextIO, message: str) -> None:
     print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [enginesim] {message}", file=out, flush=True)
 
 
@@ -153,14 +158,14 @@ async def _timed_faults(faults: FaultConfig, actions: dict[str, Callable[[], Non
                                           now=now)) is not None)
     for _, name in due:
         await asyncio.sleep(max(0.0, clock + float(getattr(faults, name)) - time.time()))
-        _log(out, f"injected fault: {name.removesuffix('_after').replace('_', ' ')}")
+        log(out, f"injected fault: {name.removesuffix('_after').replace('_', ' ')}")
         actions[name]()
 
 
-class _GpuPublisher:
+class GpuPublisher:
     """Advances the simulated GPUs from engine activity and writes their files."""
 
-    def __init__(self, config: ServeConfig, gpus: list[SimulatedGpu], engine: Engine | None) -> None:
+    def __init__(self, config: ServeConfig, gpus: list[SimulatedGpu], engine: Engine | DataParallel | None) -> None:
         self.config, self.gpus, self.engine = config, gpus, engine
         self._last = time.monotonic()
         self._load = 0.0
@@ -176,22 +181,52 @@ class _GpuPublisher:
             write_reading(self.config.gpu_dir, gpu.reading(time.time()))
 
 
+Serving = Callable[[ServeConfig, list[SimulatedGpu], "GpuPublisher", list[asyncio.Task[None]], TextIO],
+                   Awaitable[int]]
+
+
+@dataclass(frozen=True)
+class Personality:
+    """What differs between the engines the simulator can pass for: how it announces itself, how it fails to
+    start, and how it serves once loaded (``run``: from listening to the exit code)."""
+
+    start_lines: Callable[[ServeConfig], list[str]]
+    fail_start_line: str
+    run: Serving
+
+
+def _vllm_start_lines(config: ServeConfig) -> list[str]:
+    return [f"vLLM API server version 0.33.0 (simulated, profile {config.profile.name})",
+            f"Loading model {config.model} ({config.startup_seconds:.1f}s)"]
+
+
+def personality(config: ServeConfig) -> Personality:
+    """vLLM's face, or SGLang's with ``--engine sglang``."""
+    if config.sglang is None:
+        return Personality(_vllm_start_lines, "ERROR: EngineCore failed to start (injected fault: fail-start).",
+                           _run_serving)
+    from enginesim import sglang_server  # it builds on this module
+
+    return sglang_server.PERSONALITY
+
+
 async def serve(config: ServeConfig, *, out: TextIO = sys.stderr) -> int:
     """Run one simulated server until a signal or the engine's death; returns the exit code."""
     faults = config.faults
+    face = personality(config)
     gpus = [SimulatedGpu(profile=config.profile, index=i, pid=os.getpid(),
                          memory_utilization=config.gpu_memory_utilization) for i in config.gpu_indices]
-    publisher = _GpuPublisher(config, gpus, None)
+    publisher = GpuPublisher(config, gpus, None)
     tasks: list[asyncio.Task[None]] = [asyncio.create_task(_every(GPU_FILE_INTERVAL_S, publisher.tick))]
     try:
-        _log(out, f"vLLM API server version 0.33.0 (simulated, profile {config.profile.name})")
-        _log(out, f"Loading model {config.model} ({config.startup_seconds:.1f}s)")
+        for line in face.start_lines(config):
+            log(out, line)
         if faults.fail_start:
             await asyncio.sleep(min(config.startup_seconds, 1.0))
-            print("ERROR: EngineCore failed to start (injected fault: fail-start).", file=out, flush=True)
+            print(face.fail_start_line, file=out, flush=True)
             return 1
         await asyncio.sleep(config.startup_seconds)
-        return await _run_serving(config, gpus, publisher, tasks, out)
+        return await face.run(config, gpus, publisher, tasks, out)
     finally:
         for task in tasks:
             task.cancel()
@@ -199,25 +234,25 @@ async def serve(config: ServeConfig, *, out: TextIO = sys.stderr) -> int:
         remove_readings(config.gpu_dir, gpus)
 
 
-async def _run_serving(config: ServeConfig, gpus: list[SimulatedGpu], publisher: _GpuPublisher,
+async def _run_serving(config: ServeConfig, gpus: list[SimulatedGpu], publisher: GpuPublisher,
                        tasks: list[asyncio.Task[None]], out: TextIO) -> int:
     faults = config.faults
     registry = CollectorRegistry()
     engine = build_engine(config, registry)
     publisher.engine = engine
-    _log(out, f"KV cache: {engine.scheduler.total_blocks} blocks of {config.block_size} tokens "
-              f"({engine.scheduler.total_blocks * config.block_size} tokens); max_num_seqs={config.max_num_seqs}")
+    log(out, f"KV cache: {engine.scheduler.total_blocks} blocks of {config.block_size} tokens "
+             f"({engine.scheduler.total_blocks * config.block_size} tokens); max_num_seqs={config.max_num_seqs}")
     all_reduce = "NCCL" if config.disable_custom_all_reduce else "custom"
-    _log(out, f"tensor_parallel_size={config.tensor_parallel_size}, all-reduce: {all_reduce}"
-              + (f" (+{engine.step_overhead_s * 1000:g} ms per step: slow all-reduce fault)"
-                 if engine.step_overhead_s else ""))
+    log(out, f"tensor_parallel_size={config.tensor_parallel_size}, all-reduce: {all_reduce}"
+             + (f" (+{engine.step_overhead_s * 1000:g} ms per step: slow all-reduce fault)"
+                if engine.step_overhead_s else ""))
     ctx = ServingContext(engine=engine, model=config.model, served_names=config.names,
                          max_model_len=config.model_len, registry=registry, error_rate=faults.error_rate,
                          rng=random.Random(config.seed + 1))
     uconfig = uvicorn.Config(DropBrokenStreams(create_app(ctx)), host=config.host, port=config.port,
                              log_level="warning", access_log=False, lifespan="off",
                              timeout_graceful_shutdown=1, timeout_keep_alive=config.keep_alive)
-    server = _Server(uconfig)
+    server = UvicornServer(uconfig)
     exit_code = 0
     stop = asyncio.Event()
 
@@ -229,16 +264,42 @@ async def _run_serving(config: ServeConfig, gpus: list[SimulatedGpu], publisher:
             ctx.draining = True
             tasks.append(asyncio.create_task(_drain(engine, config.shutdown_timeout, server, out)))
         else:
-            _log(out, "Shutting down: aborting in-flight requests (shutdown-timeout 0)")
+            log(out, "Shutting down: aborting in-flight requests (shutdown-timeout 0)")
             engine.stop("server shutting down")
             server.should_exit = True
-
-    def crash() -> None:
-        engine.kill("EngineCore died (injected fault: crash)")
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+
+    async def watch_death() -> None:
+        await engine.died.wait()
+        print(f"ERROR: {engine.death_message}", file=out, flush=True)
+        await asyncio.sleep(0.3)  # let the failed requests' answers go out, as vLLM's API server does
+        server.should_exit = True
+
+    serving = asyncio.create_task(server.serve())
+    await wait_listening(server, serving)
+    if serving.done():
+        await serving
+        return 1
+    log(out, f"Application startup complete; serving on http://{config.host}:{config.port}")
+    tasks.append(asyncio.create_task(run_engine(engine)))
+    tasks.append(asyncio.create_task(watch_death()))
+    start_faults(faults, engine, gpus, tasks, out, crash_message="EngineCore died (injected fault: crash)")
+    await serving
+    if engine.state is EngineState.DEAD:
+        exit_code = 1
+    else:
+        engine.stop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+    return exit_code
+
+
+def start_faults(faults: FaultConfig, engine: Engine | DataParallel, gpus: list[SimulatedGpu],
+                 tasks: list[asyncio.Task[None]], out: TextIO, *, crash_message: str) -> None:
+    """Start the timed faults (and the leaks) against a serving engine and its GPUs."""
     leak = RssLeak()
     leaking = asyncio.Event()
     if faults.leak_after is None:
@@ -267,37 +328,15 @@ async def _run_serving(config: ServeConfig, gpus: list[SimulatedGpu], publisher:
     def surge() -> None:
         engine.step_overhead_per_seq_s = faults.latency_surge_ms_per_seq / 1000.0
 
-    async def watch_death() -> None:
-        await engine.died.wait()
-        print(f"ERROR: {engine.death_message}", file=out, flush=True)
-        await asyncio.sleep(0.3)  # let the failed requests' answers go out, as vLLM's API server does
-        server.should_exit = True
-
-    serving = asyncio.create_task(server.serve())
-    await _wait_listening(server, serving)
-    if serving.done():
-        await serving
-        return 1
-    _log(out, f"Application startup complete; serving on http://{config.host}:{config.port}")
-    tasks.append(asyncio.create_task(_run_engine(engine)))
-    tasks.append(asyncio.create_task(watch_death()))
     timed: dict[str, Callable[[], None]] = {
-        "hang_after": lambda: engine.hang(faults.hang_gauges), "crash_after": crash, "xid_after": xid,
-        "hot_gpu_after": hot, "latency_surge_after": surge, "leak_after": leaking.set}
+        "hang_after": lambda: engine.hang(faults.hang_gauges), "crash_after": lambda: engine.kill(crash_message),
+        "xid_after": xid, "hot_gpu_after": hot, "latency_surge_after": surge, "leak_after": leaking.set}
     tasks.append(asyncio.create_task(_timed_faults(faults, timed, out)))
     if faults.leak_rss_mb_per_min > 0 or faults.leak_gpu_mb_per_min > 0:
         tasks.append(asyncio.create_task(leak_loop()))
-    await serving
-    if engine.state is EngineState.DEAD:
-        exit_code = 1
-    else:
-        engine.stop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.remove_signal_handler(sig)
-    return exit_code
 
 
-async def _run_engine(engine: Engine) -> None:
+async def run_engine(engine: Engine | DataParallel) -> None:
     """The engine loop; a bug in it kills the engine (requests fail, exit 1) instead of hanging silently."""
     try:
         await engine.run()
@@ -306,14 +345,14 @@ async def _run_engine(engine: Engine) -> None:
         raise
 
 
-async def _wait_listening(server: uvicorn.Server, serving: asyncio.Task[None]) -> None:
+async def wait_listening(server: uvicorn.Server, serving: asyncio.Task[None]) -> None:
     # uvicorn exposes readiness only as a flag, so poll it briefly.
     while not server.started and not serving.done():  # noqa: ASYNC110
         await asyncio.sleep(0.02)
 
 
 async def _drain(engine: Engine, grace: float, server: uvicorn.Server, out: TextIO) -> None:
-    _log(out, f"Draining {engine.in_flight} in-flight requests (shutdown-timeout {grace:g}s)")
+    log(out, f"Draining {engine.in_flight} in-flight requests (shutdown-timeout {grace:g}s)")
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(engine.wait_idle(), grace)
     await asyncio.sleep(0.1)  # let the last responses flush

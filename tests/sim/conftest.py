@@ -31,9 +31,9 @@ class SimProcess:
     def output(self) -> str:
         return self.log.read_text()
 
-    def wait_ready(self, timeout: float = 15.0) -> None:
-        wait_until(lambda: self.proc.poll() is not None or http_ok(self.url + "/health"), timeout,
-                   what="simulator /health")
+    def wait_ready(self, timeout: float = 15.0, path: str = "/health") -> None:
+        wait_until(lambda: self.proc.poll() is not None or http_ok(self.url + path), timeout,
+                   what=f"simulator {path}")
         assert self.proc.poll() is None, f"simulator exited early:\n{self.output()}"
 
     def terminate(self) -> None:
@@ -46,11 +46,12 @@ StartSim = Callable[..., SimProcess]
 
 @pytest.fixture
 def start_sim(tmp_path: Path) -> Iterator[StartSim]:
-    """Start ``pitstop sim serve`` with extra args; waits for /health unless ``wait=False``."""
+    """Start ``pitstop sim serve`` with extra args; waits for ``ready`` (/health) to answer 200 unless
+    ``wait=False``."""
     started: list[SimProcess] = []
 
     def start(*args: str, wait: bool = True, env: dict[str, str] | None = None, startup: float = 0.2,
-              profile: str = "tiny-cpu") -> SimProcess:
+              profile: str = "tiny-cpu", ready: str = "/health") -> SimProcess:
         port = free_port()
         gpu_dir = tmp_path / f"gpu-{port}"
         log = tmp_path / f"sim-{port}.log"
@@ -65,7 +66,7 @@ def start_sim(tmp_path: Path) -> Iterator[StartSim]:
         sim = SimProcess(proc=proc, port=port, gpu_dir=gpu_dir, log=log)
         started.append(sim)
         if wait:
-            sim.wait_ready()
+            sim.wait_ready(path=ready)
         return sim
 
     try:
