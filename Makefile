@@ -48,6 +48,7 @@ lint: deps
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/check_payload_keys.py
+	$(BIN)/python scripts/check_sample_keys.py
 	$(BIN)/python -m pitstop.boards --check
 	@command -v amtool >/dev/null || { echo "amtool not found: run make deps (Debian package prometheus-alertmanager)"; exit 1; }
 	amtool check-config alerts/alertmanager.yml

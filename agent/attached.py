@@ -16,7 +16,7 @@ from agent.config import ReplicaConfig
 from agent.probes import engine_alive
 from agent.progress import CanaryEvidence, Progress, ProgressWatch
 from agent.states import ReplicaMachine, utc_now
-from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus
+from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus, engine_kind
 
 S = ReplicaState
 
@@ -64,7 +64,7 @@ class AttachedReplica:
         self._stop.set()
 
     async def probe_once(self) -> None:
-        alive = await engine_alive(self.client, self.spec.base_url, self.spec.probe_timeout)
+        alive = await engine_alive(self.client, self.spec.base_url, self.spec.probe_timeout, self.spec.adapter.probes)
         if alive and self.state == S.UNREACHABLE:
             self.machine.to(S.ATTACHED, "health 200")
         elif not alive and self.state == S.ATTACHED:
@@ -83,4 +83,5 @@ class AttachedReplica:
             name=self.spec.name, model=self.spec.model, url=self.spec.base_url, state=self.state,
             ready=self.state == S.ATTACHED and not self.wedged, managed=False, gpus=self.spec.gpus,
             state_since=self.machine.since, engine=self.engine, process=self.process,
-            canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok)
+            canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok,
+            engine_kind=engine_kind(self.spec.adapter.name))

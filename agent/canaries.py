@@ -103,7 +103,8 @@ class Canaries:
     def _counter(self, replica: Replica) -> asyncio.Task[float | None]:
         """The engine's generation-token counter, read now, beside whatever runs."""
         return asyncio.create_task(generation_tokens(self.client, self.metrics_urls[replica.spec.name],
-                                                     replica.model_name, self._read_timeout()))
+                                                     replica.model_name, self._read_timeout(),
+                                                     replica.spec.adapter))
 
     async def _until_verdict(self, replica: Replica, before: asyncio.Future[float | None] | float | None) -> None:
         first, before_read = (before, before) if isinstance(before, asyncio.Future) else (None, _done_with(before))

@@ -20,15 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agent.live_cap import SCHEDULER_CLS, SCHEDULER_FLAG
 from agent.tls import normalise_pin
 from agent.wire import MAX_GPU_INDEX, NAME_PATTERN
+from engines import EngineAdapter, adapter
 
 ENV_PREFIX = "PITSTOP_AGENT_"
-# vLLM's API server: how long an idle client connection stays open, in seconds (uvicorn's timeout_keep_alive).
-KEEP_ALIVE_VAR = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
 
-DEFAULT_COMMANDS: dict[str, list[str]] = {
-    "sim": [sys.executable, "-m", "pitstop.cli", "sim", "serve", "{model}", "--host", "{host}", "--port", "{port}"],
-    "vllm": ["vllm", "serve", "{model}", "--host", "{host}", "--port", "{port}"],
-}
+# The simulator (``pitstop sim serve``), speaking the replica's engine by the adapter's ``sim_flags``.
+SIM_COMMAND = [sys.executable, "-m", "pitstop.cli", "sim", "serve", "{model}", "--host", "{host}", "--port", "{port}"]
 
 
 class ConfigError(Exception):
@@ -93,7 +90,11 @@ class ReplicaConfig(_Strict):
     port: int | None = Field(default=None, ge=1, le=65535)
     # GPU indices as NVML numbers them (the wire's bound: a report naming another index would be refused).
     gpus: list[Annotated[int, Field(ge=0, le=MAX_GPU_INDEX)]] = Field(default_factory=lambda: [0], max_length=64)
-    engine: Literal["sim", "vllm"] = "sim"
+    # The engine the replica runs (``engines/``): vllm or sglang; ``sim`` is the simulator speaking vLLM, as
+    # ``engine: vllm`` with ``simulated: true``.
+    engine: Literal["sim", "vllm", "sglang"] = "sim"
+    # The simulator stands in for the engine (the demo, the tests): it speaks the engine's API and metrics.
+    simulated: bool = False
     command: list[str] | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -125,6 +126,17 @@ class ReplicaConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _engine_can_do_it(self) -> ReplicaConfig:
+        engine = self.adapter
+        if self.shutdown_timeout is not None and engine.shutdown.timeout_flag is None:
+            raise FieldProblem(f"{engine.title} drains on SIGTERM with no timeout of its own: 'stop_timeout' is what "
+                               "bounds a stop", "shutdown_timeout")
+        if self.live_limits and not engine.live_cap:
+            raise FieldProblem(f"live_limits is a vLLM scheduler plug-in; {engine.title} has none (a "
+                               f"{engine.governed_flag} change restarts the engine)", "live_limits")
+        return self
+
+    @model_validator(mode="after")
     def _live_limits_need_an_engine_the_agent_starts(self) -> ReplicaConfig:
         # vLLM and the simulator both take the plug-in by --scheduler-cls.
         if not self.live_limits:
@@ -142,16 +154,28 @@ class ReplicaConfig(_Strict):
         return self.url is None
 
     @property
+    def adapter(self) -> EngineAdapter:
+        """What Pitstop knows of the replica's engine (``engines/``)."""
+        return adapter("vllm" if self.engine == "sim" else self.engine)
+
+    @property
+    def is_simulated(self) -> bool:
+        return self.simulated or self.engine == "sim"
+
+    @property
     def base_url(self) -> str:
         return self.url.rstrip("/") if self.url else f"http://{self.host}:{self.port}"
 
     def argv(self, args: list[str] | None = None) -> list[str]:
         """The engine's argv: the command template filled in, then the engine flags (``args`` overrides)."""
-        template = self.command if self.command is not None else DEFAULT_COMMANDS[self.engine]
+        engine = self.adapter
+        template = self.command if self.command is not None else (
+            [*SIM_COMMAND, *engine.sim_flags] if self.is_simulated else list(engine.command))
         values = {"model": self.model, "host": self.host, "port": str(self.port)}
         flags = list(self.args if args is None else args)
-        if self.shutdown_timeout is not None and not names_flag(flags, "--shutdown-timeout"):
-            flags += ["--shutdown-timeout", f"{self.shutdown_timeout:g}"]
+        stop_flag = engine.shutdown.timeout_flag
+        if self.shutdown_timeout is not None and stop_flag is not None and not names_flag(flags, stop_flag):
+            flags += [stop_flag, f"{self.shutdown_timeout:g}"]
         if self.live_limits and not names_flag(flags, SCHEDULER_FLAG):  # the desired state's args may name one
             flags += [SCHEDULER_FLAG, SCHEDULER_CLS]
         return [part.format(**values) for part in template] + flags
@@ -230,14 +254,15 @@ class AgentConfig(_Strict):
     def engine_env(self, spec: ReplicaConfig, environ: Mapping[str, str]) -> dict[str, str]:
         """What the agent adds to a managed engine's environment (the replica's own ``env`` still wins).
 
-        ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``: vLLM's API server closes a connection idle that many seconds (5 when
-        unset), and the agent reads each engine every ``scrape_interval`` (5 s): at the defaults every scrape
-        opened a new connection, and the close of the old one woke the agent too. Past two scrape intervals the
-        agent keeps one connection per engine. Left alone when the agent's own environment or the replica's
-        sets it."""
-        env = {"PITSTOP_SIM_GPU_DIR": str(self.sim_gpu_dir)} if spec.engine == "sim" else {}
-        if KEEP_ALIVE_VAR not in environ and KEEP_ALIVE_VAR not in spec.env:
-            env[KEEP_ALIVE_VAR] = str(max(5, math.ceil(2 * self.scrape_interval) + 5))
+        The engine's keep-alive variable (vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``): its API server closes a
+        connection idle that many seconds (5 when unset), and the agent reads each engine every
+        ``scrape_interval`` (5 s): at the defaults every scrape opened a new connection, and the close of the old
+        one woke the agent too. Past two scrape intervals the agent keeps one connection per engine. Left alone
+        when the agent's own environment or the replica's sets it."""
+        env = {"PITSTOP_SIM_GPU_DIR": str(self.sim_gpu_dir)} if spec.is_simulated else {}
+        keep_alive = spec.adapter.keep_alive_var
+        if keep_alive is not None and keep_alive not in environ and keep_alive not in spec.env:
+            env[keep_alive] = str(max(5, math.ceil(2 * self.scrape_interval) + 5))
         return env
 
     @property

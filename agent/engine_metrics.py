@@ -1,28 +1,8 @@
-"""Which vLLM /metrics series the agent reads, and how two scrapes become one ``EngineSample``.
+"""How an engine's /metrics become one ``EngineSample``: which series are read, and how two scrapes become rates,
+window quantiles and the window's histograms.
 
-The table below is the single list of engine metrics read (dcgm-exporter's counters file, in code). Each row
-names the current vLLM 0.33 sample name first, then older names read when the current one is absent
-(vLLM renamed ``gpu_cache_usage_perc`` → ``kv_cache_usage_perc``, ``time_per_output_token_seconds`` →
-``inter_token_latency_seconds``, ``gpu_prefix_cache_*`` → ``prefix_cache_*``).
-
-==================  =========  ==================================================================
-key                 kind       sample names (current first, then old)
-==================  =========  ==================================================================
-running             gauge      vllm:num_requests_running
-waiting             gauge      vllm:num_requests_waiting
-kv_usage            gauge-max  vllm:kv_cache_usage_perc, vllm:gpu_cache_usage_perc
-preemptions         counter    vllm:num_preemptions_total
-prompt_tokens       counter    vllm:prompt_tokens_total
-generation_tokens   counter    vllm:generation_tokens_total
-requests            counter    vllm:request_success_total (all finished_reason)
-errors              counter    vllm:request_success_total{finished_reason=error|abort}
-prefix_queries      counter    vllm:prefix_cache_queries_total, vllm:gpu_prefix_cache_queries_total
-prefix_hits         counter    vllm:prefix_cache_hits_total, vllm:gpu_prefix_cache_hits_total
-ttft                histogram  vllm:time_to_first_token_seconds
-itl                 histogram  vllm:inter_token_latency_seconds, vllm:time_per_output_token_seconds
-e2e                 histogram  vllm:e2e_request_latency_seconds
-steps               histogram  vllm:iteration_tokens_total (its count: one per engine step)
-==================  =========  ==================================================================
+Which series an engine has is its adapter's table (``engines/``: ``engines/vllm.py``, ``engines/sglang.py``), the
+single list of engine metrics read (dcgm-exporter's counters file, in code); this module reads any adapter's.
 
 ``errors_per_second`` is the users' errors: the agent's own canaries that it cut at their deadline are aborted
 requests in ``errors`` too, and ``engine_sample`` leaves out as many as it is told (``agent.scrape``).
@@ -35,46 +15,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import itemgetter
-from typing import Literal
 
 from agent.prom_lines import PromTextError, SampleSelector, SeriesError, Shape
 from agent.quantiles import bucket_delta, quantile
 from agent.wire import MAX_BUCKETS, EngineSample, EngineWindow, WindowHistogram, bounded
-
-Kind = Literal["gauge", "gauge-max", "counter", "histogram"]
-
-
-@dataclass(frozen=True)
-class EngineMetric:
-    key: str
-    kind: Kind
-    names: tuple[str, ...]
-    # Only samples whose label matches one of these values count (e.g. finished_reason=error|abort).
-    label: tuple[str, frozenset[str]] | None = None
-
-
-ENGINE_METRICS: tuple[EngineMetric, ...] = (
-    EngineMetric("running", "gauge", ("vllm:num_requests_running",)),
-    EngineMetric("waiting", "gauge", ("vllm:num_requests_waiting",)),
-    EngineMetric("kv_usage", "gauge-max", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
-    EngineMetric("preemptions", "counter", ("vllm:num_preemptions_total",)),
-    EngineMetric("prompt_tokens", "counter", ("vllm:prompt_tokens_total",)),
-    EngineMetric("generation_tokens", "counter", ("vllm:generation_tokens_total",)),
-    EngineMetric("requests", "counter", ("vllm:request_success_total",)),
-    EngineMetric("errors", "counter", ("vllm:request_success_total",),
-                 label=("finished_reason", frozenset({"error", "abort"}))),
-    EngineMetric("prefix_queries", "counter",
-                 ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")),
-    EngineMetric("prefix_hits", "counter", ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")),
-    EngineMetric("ttft", "histogram", ("vllm:time_to_first_token_seconds",)),
-    EngineMetric("itl", "histogram", ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")),
-    EngineMetric("e2e", "histogram", ("vllm:e2e_request_latency_seconds",)),
-    EngineMetric("steps", "histogram", ("vllm:iteration_tokens_total",)),
-)
+from engines import DEFAULT_ADAPTER, EngineAdapter, EngineMetric
 
 
 class MetricsParseError(ValueError):
-    """The /metrics body is not Prometheus text, or holds none of vLLM's metrics."""
+    """The /metrics body is not Prometheus text, or holds none of the engine's metrics."""
 
 
 @dataclass
@@ -90,51 +39,63 @@ def _le(value: str) -> float:
     return math.inf if value in ("+Inf", "Inf", "inf") else float(value)
 
 
-def _wanted_names() -> frozenset[str]:
+def wanted_names(engine: EngineAdapter = DEFAULT_ADAPTER) -> frozenset[str]:
+    """The sample names of ``engine``'s table, as they appear on /metrics (a histogram's ``_bucket`` lines)."""
     names: set[str] = set()
-    for metric in ENGINE_METRICS:
+    for metric in engine.metrics:
         suffix = "_bucket" if metric.kind == "histogram" else ""
         names.update(name + suffix for name in metric.names)
     return frozenset(names)
 
 
-WANTED_NAMES = _wanted_names()
-_SELECTOR = SampleSelector(WANTED_NAMES)  # immutable pattern plus a bounded cache of parsed label blocks
+# Per engine: an immutable pattern plus a bounded cache of parsed label blocks.
+_SELECTORS: dict[str, SampleSelector] = {}
 
 
-def parse_metrics(text: str, at: float, model: str | None = None) -> EngineSnapshot:
-    """Parse vLLM /metrics text into an ``EngineSnapshot``; series of other models are ignored when
-    ``model`` is given (label ``model_name``); series of several engines (data parallel) are summed.
+def _selector(engine: EngineAdapter) -> SampleSelector:
+    selector = _SELECTORS.get(engine.name)
+    if selector is None:
+        selector = _SELECTORS[engine.name] = SampleSelector(wanted_names(engine))
+    return selector
 
-    What is summed, on purpose: a name's distinct series, i.e. the ranks of a data-parallel engine (label
-    ``engine``) and, for ``requests``, the finished reasons; histogram buckets per ``le`` likewise. What is
-    never summed: one series sent twice, or a body past ``prom_lines.MAX_SAMPLES`` wanted samples (an engine
-    streaming the same lines without end read 3,679,000 requests running): both are a ``MetricsParseError``.
+
+def parse_metrics(text: str, at: float, model: str | None = None,
+                  engine: EngineAdapter = DEFAULT_ADAPTER) -> EngineSnapshot:
+    """Parse ``engine``'s /metrics text into an ``EngineSnapshot``; series of other models are ignored when
+    ``model`` is given (the adapter's model label); series of several ranks are combined.
+
+    What is summed, on purpose: a name's distinct series, i.e. the data-parallel ranks (vLLM's ``engine``
+    label, SGLang's ``dp_rank``) and, for ``requests``, the finished reasons; histogram buckets per ``le``
+    likewise. What counts once: series that differ only in a label the adapter names a copy (tensor and pipeline
+    ranks report one batch each): the largest of them. What is never summed: one series sent twice, or a body
+    past ``prom_lines.MAX_SAMPLES`` wanted samples (an engine streaming the same lines without end read
+    3,679,000 requests running): both are a ``MetricsParseError``.
 
     Only the table's sample lines are parsed (``agent.prom_lines``): at a 1 s scrape of 8 engines,
     prometheus_client's full parser was the agent's largest CPU cost. Which line goes into which figure is
     worked out once per shape of body (``_Plan``): an engine sends the same series scrape after scrape, only
     their values change, so a scrape is then a regular-expression pass, a float per line and the sums."""
     try:
-        shaped = _SELECTOR.shaped(text)
+        selector = _selector(engine)
+        shaped = selector.shaped(text)
         if shaped is None:  # a line only the exact parser reads (a float timestamp, say): planned afresh
-            samples = _SELECTOR.select(text)
+            samples = selector.select(text)
             values: list[float] = []
             indexed: dict[str, list[tuple[dict[str, str], int]]] = {}
             for name, found in samples.items():
                 for labels, value in found:
                     indexed.setdefault(name, []).append((labels, len(values)))
                     values.append(value)
-            plan = _Plan.build(indexed, model)
+            plan = _Plan.build(indexed, model, engine)
         else:
             shape, values = shaped
-            plan = _plan_for(shape, model)
+            plan = _plan_for(shape, model, engine)
     except SeriesError as exc:
         raise MetricsParseError(f"engine /metrics refused: {exc}") from exc
     except PromTextError as exc:
         raise MetricsParseError(f"unparsable /metrics: {exc}") from exc
     if not values:
-        raise MetricsParseError("unparsable /metrics: none of the vllm: series the agent reads")
+        raise MetricsParseError(f"unparsable /metrics: none of the {engine.metric_prefix} series the agent reads")
     return plan.apply(values, at)
 
 
@@ -149,19 +110,21 @@ class _Plan:
     histograms: tuple[tuple[str, tuple[tuple[float, Indices], ...]], ...]  # key, (le, samples) per bucket
 
     @classmethod
-    def build(cls, indexed: dict[str, list[tuple[dict[str, str], int]]], model: str | None) -> _Plan:
+    def build(cls, indexed: dict[str, list[tuple[dict[str, str], int]]], model: str | None,
+              engine: EngineAdapter = DEFAULT_ADAPTER) -> _Plan:
         """The plan for samples grouped by name, each as (labels, position); ``MetricsParseError`` for a bucket
         bound that is no number."""
+        model_label, copies = engine.model_label, engine.copy_labels
+
         def rows(name: str, metric: EngineMetric) -> list[tuple[dict[str, str], int]]:
-            out = [(lb, i) for lb, i in indexed.get(name, []) if model is None or lb.get("model_name", model) == model]
-            if metric.label is not None:
-                label, allowed = metric.label
+            out = [(lb, i) for lb, i in indexed.get(name, []) if model is None or lb.get(model_label, model) == model]
+            for label, allowed in metric.filters:
                 out = [(lb, i) for lb, i in out if lb.get(label) in allowed]
-            return out
+            return _one_copy(out, copies) if copies else out
 
         scalars: list[tuple[str, bool, Indices]] = []
         histograms: list[tuple[str, tuple[tuple[float, Indices], ...]]] = []
-        for metric in ENGINE_METRICS:
+        for metric in engine.metrics:
             if metric.kind == "histogram":
                 for base in metric.names:
                     buckets: dict[float, list[int]] = defaultdict(list)
@@ -203,20 +166,35 @@ class _Plan:
         return snap
 
 
-_PLANS: dict[tuple[Shape, str | None], _Plan] = {}
+def _one_copy(rows: list[tuple[dict[str, str], int]],
+              copies: frozenset[str]) -> list[tuple[dict[str, str], int]]:
+    """Of series that differ only in ``copies`` labels (tensor and pipeline ranks, which report one batch each),
+    the lowest rank's: the others are the same figure again, and summing them would count one batch per rank."""
+    kept: dict[frozenset[tuple[str, str]], tuple[tuple[str, ...], dict[str, str], int]] = {}
+    for labels, i in rows:
+        series = frozenset((k, v) for k, v in labels.items() if k not in copies)
+        rank = tuple(labels.get(k, "") for k in sorted(copies))
+        held = kept.get(series)
+        if held is None or rank < held[0]:
+            kept[series] = (rank, labels, i)
+    return sorted(((labels, i) for _, labels, i in kept.values()), key=lambda row: row[1])
+
+
+_PLANS: dict[tuple[str, Shape, str | None], _Plan] = {}
 _MAX_PLANS = 64  # one per kind of engine and model; bounded all the same
 
 
-def _plan_for(shape: Shape, model: str | None) -> _Plan:
-    plan = _PLANS.get((shape, model))
+def _plan_for(shape: Shape, model: str | None, engine: EngineAdapter = DEFAULT_ADAPTER) -> _Plan:
+    plan = _PLANS.get((engine.name, shape, model))
     if plan is None:
+        selector = _selector(engine)
         indexed: dict[str, list[tuple[dict[str, str], int]]] = {}
         for i, (name, block) in enumerate(shape):
-            indexed.setdefault(name, []).append((_SELECTOR.labels_of(block), i))
-        plan = _Plan.build(indexed, model)
+            indexed.setdefault(name, []).append((selector.labels_of(block), i))
+        plan = _Plan.build(indexed, model, engine)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
-        _PLANS[(shape, model)] = plan
+        _PLANS[(engine.name, shape, model)] = plan
     return plan
 
 
@@ -276,6 +254,16 @@ def _engine_window(cur: EngineSnapshot, prev: EngineSnapshot | None, ended_at: d
                         ttft=_window_histogram(deltas.get("ttft")), itl=_window_histogram(deltas.get("itl")))
 
 
+def _errors(cur: EngineSnapshot, prev: EngineSnapshot | None, own: float) -> float | None:
+    """Users' failed requests per second: ``errors`` (the agent's own ``own`` aborted canaries left out) plus,
+    where the engine counts them apart (SGLang's HTTP 5xx), ``server_errors``."""
+    errors = _rate("errors", cur, prev, less=own)
+    server = _rate("server_errors", cur, prev)
+    if server is None:
+        return errors
+    return server + (errors or 0.0)
+
+
 _RATIOS = frozenset({"kv_cache_usage_ratio", "prefix_cache_hit_ratio"})
 
 
@@ -304,7 +292,7 @@ def engine_sample(cur: EngineSnapshot, prev: EngineSnapshot | None, stalled: boo
         "prompt_tokens_per_second": _rate("prompt_tokens", cur, prev),
         "generation_tokens_per_second": _rate("generation_tokens", cur, prev),
         "requests_per_second": _rate("requests", cur, prev),
-        "errors_per_second": _rate("errors", cur, prev, less=own_errors),
+        "errors_per_second": _errors(cur, prev, own_errors),
         "preemptions_per_second": _rate("preemptions", cur, prev),
         "ttft_p50_seconds": ttft[0], "ttft_p95_seconds": ttft[1], "ttft_p99_seconds": ttft[2],
         "itl_p50_seconds": itl[0], "itl_p95_seconds": itl[1], "itl_p99_seconds": itl[2],

@@ -2,8 +2,9 @@
 
 Every exported series is declared in the table below (one row each: name, kind, meaning). Labels: ``node`` on
 all but ``pitstop_build_info`` and prometheus_client's ``process_*`` (the scrape's ``instance`` names the
-node); ``gpu`` on GPU series; ``replica`` and ``model`` on replica series; ``state``, ``quantile``, ``reason``
-and ``fault``, ``xid`` and ``blast_radius``, ``version`` and ``python`` where noted.
+node); ``gpu`` on GPU series; ``replica``, ``model`` and ``engine`` (vllm, sglang) on replica series;
+``state``, ``quantile``, ``reason`` and ``fault``, ``xid`` and ``blast_radius``, ``version`` and ``python`` where
+noted.
 
 =====================================  =========  ===================================================
 name                                   kind       meaning
@@ -43,9 +44,10 @@ pitstop_replica_processes              gauge      processes in the engine's tree
 pitstop_replica_gpu_memory_bytes       gauge      GPU memory held by the engine's processes
 pitstop_replica_live_cap               gauge      the live cap on running requests in effect (``live_limits``
                                                   on and its plug-in active; absent otherwise)
-pitstop_engine_requests_running        gauge      vllm:num_requests_running
-pitstop_engine_requests_waiting        gauge      vllm:num_requests_waiting
-pitstop_engine_kv_cache_usage_ratio    gauge      vllm:kv_cache_usage_perc
+pitstop_engine_requests_running        gauge      requests running (the adapter's ``running``: vLLM's
+                                                  num_requests_running, SGLang's num_running_reqs)
+pitstop_engine_requests_waiting        gauge      requests queued (``waiting``)
+pitstop_engine_kv_cache_usage_ratio    gauge      KV cache in use (``kv_usage``)
 pitstop_engine_ttft_seconds            gauge      TTFT quantiles over the last scrape window
 pitstop_engine_itl_seconds             gauge      inter-token latency quantiles over the last window
 pitstop_engine_e2e_p99_seconds         gauge      e2e latency p99 over the last window
@@ -58,7 +60,7 @@ pitstop_engine_stalled                 gauge      1 when work is queued but no t
 pitstop_engine_scrape_errors_total     counter    failed scrapes of the engine's /metrics
 pitstop_canary_ttft_seconds            gauge      TTFT of the last canary request
 pitstop_canary_ok                      gauge      1 when the last canary completed in time
-pitstop_canary_aborts_total            counter    canaries the agent cut at their deadline: vLLM counts each
+pitstop_canary_aborts_total            counter    canaries the agent cut at their deadline: the engine counts each
                                                   as finished_reason "abort"; the rules subtract them
 pitstop_build_info                     gauge      1, labelled with the agent's ``version`` and ``python``
 process_cpu_seconds_total              counter    the agent process's CPU time (prometheus_client's
@@ -79,6 +81,7 @@ from prometheus_client.registry import Collector
 from agent.gpu.throttle import FAULT_REASONS, KNOWN_REASONS
 from agent.gpu.xid import classify_xid
 from agent.wire import GpuSample, ReplicaState, ReplicaStatus
+from engines import DEFAULT_ENGINE
 from pitstop import __version__
 
 
@@ -90,7 +93,7 @@ class ExportState:
     gpus: list[GpuSample] = field(default_factory=list)
     replicas: list[ReplicaStatus] = field(default_factory=list)
     scrape_errors: dict[str, int] = field(default_factory=dict)
-    # Per replica: canaries the agent cut at their deadline (vLLM counts each as an aborted request). Exported
+    # Per replica: canaries the agent cut at their deadline (the engine counts each as an aborted request). Exported
     # for the rules to subtract; not in the reports (the agent's errors_per_second already leaves them out).
     canary_aborts: dict[str, int] = field(default_factory=dict)
     cordoned: bool = False
@@ -168,6 +171,11 @@ THROTTLE_LABELS = tuple((r, "true" if r in FAULT_REASONS else "false") for r in 
 BUILD_LABELS = (__version__, platform.python_version())
 
 
+def _ids(state: ExportState, replica: ReplicaStatus) -> list[str]:
+    """A replica's labels: node, replica, model and the engine it runs (``engines/``)."""
+    return [state.node, replica.name, replica.model, replica.engine_kind or DEFAULT_ENGINE]
+
+
 def _family(name: str, kind: str, doc: str, labels: list[str]) -> GaugeMetricFamily | CounterMetricFamily:
     if kind == "counter":
         return CounterMetricFamily(name, doc, labels=labels)
@@ -242,19 +250,19 @@ class AgentCollector(Collector):
         yield cordoned
 
     def _replicas(self, state: ExportState) -> Iterable[Metric]:
-        labels = ["node", "replica", "model"]
+        labels = ["node", "replica", "model", "engine"]
         states = GaugeMetricFamily("pitstop_replica_state", "1 for the replica's current state.",
                                    labels=[*labels, "state"])
         for r in state.replicas:
             for s in ReplicaState:
-                states.add_metric([state.node, r.name, r.model, s.value], 1.0 if r.state == s else 0.0)
+                states.add_metric([*_ids(state, r), s.value], 1.0 if r.state == s else 0.0)
         yield states
         for name, kind, doc, value in REPLICA_SERIES:
             family = _family(name, kind, doc, labels)
             for r in state.replicas:
                 v = value(r)
                 if v is not None:
-                    family.add_metric([state.node, r.name, r.model], float(v))
+                    family.add_metric(_ids(state, r), float(v))
             yield family
         for name, doc, prefix in QUANTILE_SERIES:
             gauge = GaugeMetricFamily(name, doc, labels=[*labels, "quantile"])
@@ -262,15 +270,15 @@ class AgentCollector(Collector):
                 for q, suffix in QUANTILES:
                     v = getattr(r.engine, f"{prefix}_{suffix}_seconds") if r.engine is not None else None
                     if v is not None:
-                        gauge.add_metric([state.node, r.name, r.model, q], float(v))
+                        gauge.add_metric([*_ids(state, r), q], float(v))
             yield gauge
         errors = CounterMetricFamily("pitstop_engine_scrape_errors", "Failed scrapes of the engine /metrics.",
                                      labels=labels)
         for r in state.replicas:
-            errors.add_metric([state.node, r.name, r.model], float(state.scrape_errors.get(r.name, 0)))
+            errors.add_metric(_ids(state, r), float(state.scrape_errors.get(r.name, 0)))
         yield errors
         aborts = CounterMetricFamily("pitstop_canary_aborts", "Canaries the agent cut at their deadline (aborted "
-                                     "requests in vLLM's counter, no user's error).", labels=labels)
+                                     "requests in the engine's counter, no user's error).", labels=labels)
         for r in state.replicas:
-            aborts.add_metric([state.node, r.name, r.model], float(state.canary_aborts.get(r.name, 0)))
+            aborts.add_metric(_ids(state, r), float(state.canary_aborts.get(r.name, 0)))
         yield aborts

@@ -89,7 +89,7 @@ class Agent:
         # pass-through of /engines/<name>/metrics alike.
         self.scrape_client = scrape_client or client
         self.scrapers = {name: EngineScraper(self.scrape_client, r.spec.base_url, r.model_name, _loop_time,
-                                             timeout=max(10.0, r.spec.probe_timeout))
+                                             timeout=max(10.0, r.spec.probe_timeout), engine=r.spec.adapter)
                          for name, r in self.replicas.items()}
         self.samplers = {name: ProcessTreeSampler() for name in self.replicas}
         self.gpus: list[GpuSample] = []

@@ -1,7 +1,8 @@
 """Requests the agent makes to an engine: readiness, warmup/canary completions, and in-flight work.
 
-``/health`` alone is not readiness: it answers 200 before the model is served and even on a wedged
-EngineCore (vLLM #39863), so STARTING ends only when ``/v1/models`` lists the model too.
+The paths are the engine adapter's (``engines/``). The health path alone is not readiness: vLLM's answers 200
+before the model is served and even on a wedged EngineCore (vLLM #39863), SGLang's while its scheduler is dead
+(sglang#6624), so STARTING ends only when the models path lists the model too.
 """
 
 from __future__ import annotations
@@ -18,25 +19,27 @@ from agent.http1 import Exchange
 from agent.lean_client import lean_transport
 from agent.plain_http import STREAM, BodyTooLarge, PlainHttpTransport, prepare, read_capped
 from agent.ticks import until_tick
+from engines import DEFAULT_ADAPTER, EngineAdapter, Probes
 
 
-def served_model_name(model: str, args: list[str]) -> str:
-    """The name the engine lists in /v1/models: ``--served-model-name`` if given, else the model."""
+def served_model_name(model: str, args: list[str], flag: str = DEFAULT_ADAPTER.served_name_flag) -> str:
+    """The name the engine lists in /v1/models: the served-name ``flag``'s first value if given, else the model."""
     for i, arg in enumerate(args):
-        if arg == "--served-model-name" and i + 1 < len(args):
+        if arg == flag and i + 1 < len(args):
             return args[i + 1]
-        if arg.startswith("--served-model-name="):
+        if arg.startswith(f"{flag}="):
             return arg.split("=", 1)[1]
     return model
 
 
-async def engine_ready(client: httpx.AsyncClient, base_url: str, model: str, request_timeout: float) -> bool:
-    """``/health`` is 200 and ``/v1/models`` lists ``model`` (any model when ``model`` is empty)."""
+async def engine_ready(client: httpx.AsyncClient, base_url: str, model: str, request_timeout: float,
+                       probes: Probes = DEFAULT_ADAPTER.probes) -> bool:
+    """The health path is 200 and the models path lists ``model`` (any model when ``model`` is empty)."""
     try:
-        health = await client.get(f"{base_url}/health", timeout=request_timeout)
+        health = await client.get(f"{base_url}{probes.health}", timeout=request_timeout)
         if health.status_code != 200:
             return False
-        models = await client.get(f"{base_url}/v1/models", timeout=request_timeout)
+        models = await client.get(f"{base_url}{probes.models}", timeout=request_timeout)
         if models.status_code != 200:
             return False
         ids = [m.get("id") for m in models.json().get("data", []) if isinstance(m, dict)]
@@ -45,9 +48,11 @@ async def engine_ready(client: httpx.AsyncClient, base_url: str, model: str, req
     return bool(ids) and (not model or model in ids)
 
 
-async def engine_alive(client: httpx.AsyncClient, base_url: str, request_timeout: float) -> bool:
+async def engine_alive(client: httpx.AsyncClient, base_url: str, request_timeout: float,
+                       probes: Probes = DEFAULT_ADAPTER.probes) -> bool:
+    """The engine answers its liveness path (one that costs it no generation)."""
     try:
-        return (await client.get(f"{base_url}/health", timeout=request_timeout)).status_code == 200
+        return (await client.get(f"{base_url}{probes.liveness}", timeout=request_timeout)).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -186,29 +191,31 @@ async def stream_completion(client: httpx.AsyncClient, base_url: str, model: str
         return CompletionResult(False, events.ttft, f"{type(exc).__name__}: {exc}"[:300])
 
 
-async def _engine_values(client: httpx.AsyncClient, metrics_url: str, model: str,
-                         request_timeout: float) -> dict[str, float] | None:
+async def _engine_values(client: httpx.AsyncClient, metrics_url: str, model: str, request_timeout: float,
+                         engine: EngineAdapter) -> dict[str, float] | None:
     """The engine's /metrics as the table's values (``agent.engine_metrics``); None when it cannot be read (a body
     past the scrapes' 16 MiB included: read with the same cap, whichever client reads it)."""
     try:
         async with client.stream("GET", metrics_url, timeout=request_timeout) as response:
             response.raise_for_status()
             body = await read_capped(response)
-        return parse_metrics(body.decode(response.encoding or "utf-8", "replace"), 0.0, model or None).values
+        return parse_metrics(body.decode(response.encoding or "utf-8", "replace"), 0.0, model or None, engine).values
     except (httpx.HTTPError, MetricsParseError, BodyTooLarge):
         return None
 
 
-async def generation_tokens(client: httpx.AsyncClient, metrics_url: str, model: str,
-                            request_timeout: float) -> float | None:
-    """The engine's ``vllm:generation_tokens_total`` now; ``None`` when /metrics cannot be read or lacks it."""
-    values = await _engine_values(client, metrics_url, model, request_timeout)
+async def generation_tokens(client: httpx.AsyncClient, metrics_url: str, model: str, request_timeout: float,
+                            engine: EngineAdapter = DEFAULT_ADAPTER) -> float | None:
+    """The engine's generated-tokens counter now (vLLM's ``vllm:generation_tokens_total``); ``None`` when /metrics
+    cannot be read or lacks it."""
+    values = await _engine_values(client, metrics_url, model, request_timeout, engine)
     return None if values is None else values.get("generation_tokens")
 
 
-async def in_flight(client: httpx.AsyncClient, base_url: str, model: str, request_timeout: float) -> float | None:
+async def in_flight(client: httpx.AsyncClient, base_url: str, model: str, request_timeout: float,
+                    engine: EngineAdapter = DEFAULT_ADAPTER) -> float | None:
     """Requests running plus waiting, from the engine's /metrics; ``None`` when it cannot be read."""
-    values = await _engine_values(client, f"{base_url}/metrics", model, request_timeout)
+    values = await _engine_values(client, f"{base_url}{engine.probes.metrics}", model, request_timeout, engine)
     if values is None or ("running" not in values and "waiting" not in values):
         return None
     return values.get("running", 0.0) + values.get("waiting", 0.0)

@@ -22,16 +22,17 @@ from urllib.parse import urlencode
 import httpx
 
 from agent.engine_metrics import (
-    WANTED_NAMES,
     EngineSnapshot,
     MetricsParseError,
     counter_delta,
     engine_sample,
     parse_metrics,
+    wanted_names,
 )
 from agent.lean_client import lean_transport
 from agent.plain_http import BodyTooLarge, body_too_large, prepare, read_capped
 from agent.wire import EngineSample
+from engines import DEFAULT_ADAPTER, EngineAdapter
 
 # On loopback, gzip costs both sides CPU and saves nothing: ask for the text as it is.
 PLAIN = {"Accept-Encoding": "identity"}
@@ -69,12 +70,15 @@ class EngineScraper:
 
     def __init__(self, client: httpx.AsyncClient, base_url: str, model: str | None,
                  clock: Callable[[], float], timeout: float = 10.0,
-                 wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 engine: EngineAdapter = DEFAULT_ADAPTER) -> None:
         self.client = client
-        # vLLM serves /metrics with prometheus_client's ASGI app, which honours ``name[]``: it sends only the
+        self.engine = engine
+        # vLLM and SGLang serve /metrics with prometheus_client, which honours ``name[]``: it sends only the
         # series asked for (~80 lines instead of ~600, less work for a busy API server too). An engine that
         # ignores the parameter sends everything, which the parser reads just the same.
-        self.url = base_url.rstrip("/") + "/metrics?" + urlencode([("name[]", n) for n in sorted(WANTED_NAMES)])
+        self.url = base_url.rstrip("/") + engine.probes.metrics + "?" + urlencode(
+            [("name[]", n) for n in sorted(wanted_names(engine))])
         self.model = model or None
         self.clock = clock
         self.wall = wall  # names each window's histograms: the control plane counts a window once
@@ -103,7 +107,7 @@ class EngineScraper:
                 # An idle engine's series did not move: the same figures, read now (what parsing gives).
                 snap = EngineSnapshot(self.clock(), self.previous.values, self.previous.histograms)
             else:
-                snap = parse_metrics(body.decode(encoding, "replace"), self.clock(), self.model)
+                snap = parse_metrics(body.decode(encoding, "replace"), self.clock(), self.model, self.engine)
                 self._last_body = body
         except (httpx.HTTPError, MetricsParseError, BodyTooLarge) as exc:
             self.errors_total += 1

@@ -127,8 +127,16 @@ class StackDumper:
         self.wall = wall
         self._version: str | None = None
 
-    async def dump(self, pid: int) -> StackDump:
-        """Dump ``pid`` and its children; never raises, never takes much longer than ``timeout``."""
+    async def dump(self, pid: int, core: str = "") -> StackDump:
+        """Dump ``pid`` and its children; never raises, never takes much longer than ``timeout``. ``core``: the
+        process title of the engine's busy loop (its adapter's ``core_process``), named in the note when found."""
+        dump = await self._dump(pid)
+        found = core_pid(pid, core) if core else None
+        if found is None:
+            return dump
+        return StackDump(f"{dump.note}; the engine's busy loop, {core}, is pid {found}", dump.text)
+
+    async def _dump(self, pid: int) -> StackDump:
         if self.py_spy is None:
             return self._kernel(pid, f"py-spy not installed on node {self.node}")
         loop = asyncio.get_running_loop()
@@ -198,6 +206,20 @@ def _read(path: Path) -> str | None:
         return path.read_text(errors="replace").strip()
     except OSError:  # gone, or not ours to read (a kernel stack needs root)
         return None
+
+
+def core_pid(pid: int, title: str) -> int | None:
+    """The pid of the process in ``pid``'s tree whose name or command line starts with ``title`` (vLLM's
+    ``VLLM::EngineCore``, SGLang's ``sglang::scheduler``); None when there is none."""
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return None
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            if proc.name().startswith(title) or " ".join(proc.cmdline()).startswith(title):
+                return proc.pid
+    return None
 
 
 def kernel_stacks(pid: int) -> str | None:

@@ -36,7 +36,7 @@ from agent.progress import CanaryEvidence, Progress, ProgressWatch
 from agent.stackdump import StackDumper
 from agent.states import RUNNING_STATES, ReplicaMachine, utc_now
 from agent.warmup import warmup_done, warmup_summary
-from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus
+from agent.wire import EngineSample, ProcessSample, ReplicaState, ReplicaStatus, engine_kind
 
 log = logging.getLogger(__name__)
 S = ReplicaState
@@ -153,7 +153,7 @@ class ReplicaSupervisor:
 
     @property
     def model_name(self) -> str:
-        return served_model_name(self.spec.model, self.args)
+        return served_model_name(self.spec.model, self.args, self.spec.adapter.served_name_flag)
 
     def status(self) -> ReplicaStatus:
         return ReplicaStatus(
@@ -163,6 +163,7 @@ class ReplicaSupervisor:
             last_exit_code=self.last_exit_code, log_tail=self.log_tail[-200:], engine=self.engine,
             process=self.process, canary_ttft_seconds=self.canary_ttft, canary_ok=self.canary_ok,
             requests_in_flight_at_wedge=self.in_flight_at_wedge if self.state == S.WEDGED else None,
+            engine_kind=engine_kind(self.spec.adapter.name),
             **(self.live.status(self.generation) if self.live is not None and self.state in RUNNING_STATES else {}))
 
     # ---- the task ---------------------------------------------------------------------------------------
@@ -265,7 +266,8 @@ class ReplicaSupervisor:
             if remaining <= 0:
                 await self._failed(f"not ready within start_timeout {self.spec.start_timeout:g}s")
                 return False
-            probe = engine_ready(self.client, self.spec.base_url, self.model_name, self.spec.probe_timeout)
+            probe = engine_ready(self.client, self.spec.base_url, self.model_name, self.spec.probe_timeout,
+                                 self.spec.adapter.probes)
             outcome, ready = await self._phase(probe, remaining)
             if outcome == "exit":
                 await self._failed("engine exited while starting")
@@ -328,7 +330,7 @@ class ReplicaSupervisor:
                 or self._dumped_for == want.generation or self.proc is None or self.proc.returncode is not None):
             return
         self._dumped_for = want.generation
-        dump = await self.dumper.dump(self.proc.pid)
+        dump = await self.dumper.dump(self.proc.pid, self.spec.adapter.core_process)
         log.info("replica %s: %s", self.spec.name, dump.note)
         self.machine.note("stack_dump", dump.message)
 
@@ -336,7 +338,7 @@ class ReplicaSupervisor:
         self.machine.to(S.DRAINING, "readiness off; waiting for in-flight requests")
         spec = self.spec
         end = await drain(self._phase, lambda: in_flight(self.client, spec.base_url, self.model_name,
-                                                         spec.probe_timeout),
+                                                         spec.probe_timeout, spec.adapter),
                           self.mono, grace=spec.drain_grace, within=spec.drain_timeout,
                           poll_interval=self.poll_interval)
         if end == "exit":

@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from engines import DEFAULT_ENGINE, EngineName
+
 PROTOCOL_VERSION = 1
 
 # Names are DNS-label-like so they are safe in URLs, Prometheus labels and file names.
@@ -283,8 +285,16 @@ class ReplicaStatus(_Grown):
     # plug-in's own account of itself.
     live_cap: Count | None = None
     live_limits: LiveLimits | None = None
+    # The engine the replica runs (``engines/``); None: vLLM, the engine of every replica before engines had
+    # names (so a vLLM replica's report reads the same to a control plane that predates the field).
+    engine_kind: EngineName | None = None
 
-    _added_fields = ("requests_in_flight_at_wedge", "live_cap", "live_limits")
+    _added_fields = ("requests_in_flight_at_wedge", "live_cap", "live_limits", "engine_kind")
+
+
+def engine_kind(name: EngineName) -> EngineName | None:
+    """``ReplicaStatus.engine_kind`` for an engine: None for the default one, which travels as before."""
+    return None if name == DEFAULT_ENGINE else name
 
 
 class ReplicaEvent(_Wire):

@@ -162,7 +162,8 @@ def seed_history(url: str, agents: int, gpus: int, replicas: int, interval: floa
     benchmark."""
     from sqlalchemy import insert
 
-    from controlplane.fleet.ingest import gpu_series_values, replica_series_values
+    from controlplane.fleet.ingest import gpu_series_values
+    from controlplane.policy.signals import stored_values
     from controlplane.store.db import make_engine, migrate
     from controlplane.store.models import Sample
 
@@ -171,7 +172,7 @@ def seed_history(url: str, agents: int, gpus: int, replicas: int, interval: floa
     now = datetime.now(UTC)
     template = node_report("node-0000", gpus, replicas, 1, now)
     gpu_values = [gpu_series_values(g) for g in template.gpus]
-    replica_values = [replica_series_values(r) for r in template.replicas]
+    replica_values = [stored_values(r) for r in template.replicas]
     steps = int(minutes * 60 / interval)
     written = 0
     try:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import ValidationError
 
+from controlplane.policy.engine_fit import engine_notes
 from controlplane.policy.explain import explain, render_text
 from controlplane.policy.guardrails import GuardConfig, GuardState
 from controlplane.policy.loader import PolicyLoadError
@@ -70,6 +71,10 @@ def _check(files: Sequence[Path]) -> int:
         for error in exc.errors:
             print(error, file=sys.stderr)
         return 1
+    for path in expanded:
+        for policy in load_files([path]):
+            for note in engine_notes(policy):
+                print(f"note: {path}: policy {policy.name}: {note}")
     print(f"ok: {len(policies)} policies in {len(expanded)} file(s)")
     return 0
 

@@ -127,8 +127,8 @@ async def act_on_node(node: str, body: NodeActionRequest, request: Request, ctx:
 
 # ``model:path``: served model names are often a hub path ("meta-llama/Llama-3.1-8B-Instruct"), slash and all.
 @router.post("/models/{model:path}/actions", response_model=ActionOut, status_code=201,
-             summary="Rolling restart of a model's managed replicas, or a --max-num-seqs change tried on a "
-                     "canary first (through the guardrails)",
+             summary="Rolling restart of a model's managed replicas, or a change of its engines' running limit "
+                     "(--max-num-seqs, --max-running-requests) tried on a canary first (through the guardrails)",
              responses={**_ACT_RESPONSES, 404: {"description": "no managed replica of that model"},
                         409: {"description": "a rolling restart of the model is already open"}})
 async def act_on_model(model: str, body: ModelActionRequest, request: Request, ctx: Ctx, who: Operator,

@@ -15,7 +15,16 @@ from controlplane.api.context import (
     require_reader,
 )
 from controlplane.fleet import queries, replica_table
-from controlplane.fleet.schemas import EventOut, GpuOut, NodeDetail, NodeOut, ReplicaOut, ReplicaTable, SampleOut
+from controlplane.fleet.schemas import (
+    EventOut,
+    GpuOut,
+    NodeDetail,
+    NodeOut,
+    ReplicaOut,
+    ReplicaSampleOut,
+    ReplicaTable,
+    SampleOut,
+)
 
 router = APIRouter(prefix="/v1", tags=["fleet"], dependencies=[Depends(require_reader)])
 
@@ -91,9 +100,11 @@ Since = Annotated[Moment | None, Query(description="oldest point returned, with 
 SampleLimit = Annotated[int, Query(ge=1, le=10_000, description="at most this many points: the newest")]
 
 
-@router.get("/replicas/{node}/{name}/samples", response_model=list[SampleOut],
+# A signal the agent did not report is left out of a point, as the store keeps it, not sent as null.
+@router.get("/replicas/{node}/{name}/samples", response_model=list[ReplicaSampleOut], response_model_exclude_none=True,
             summary="A replica's time series (TTFT/ITL p50/p95/p99, queues, KV usage, RSS), oldest first")
-def samples(node: str, name: str, session: Db, since: Since = None, limit: SampleLimit = 1000) -> list[SampleOut]:
+def samples(node: str, name: str, session: Db, since: Since = None,
+            limit: SampleLimit = 1000) -> list[ReplicaSampleOut]:
     return queries.replica_samples(session=session, node=node, name=name, since=since, limit=limit)
 
 

@@ -22,7 +22,8 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from agent.wire import NodeReport, Readings, ReadingsAnswer, RefusedReading
-from controlplane.fleet.ingest import gpu_series_values, replica_series_values
+from controlplane.fleet.ingest import gpu_series_values
+from controlplane.policy.signals import stored_values
 from controlplane.store.models import Gpu, Node, Replica, Sample
 
 
@@ -69,7 +70,7 @@ def store_readings(*, session: Session, batch: Readings, now: datetime, full_res
         for r in reading.replicas:
             if r.name not in replicas:
                 refused.append(_refusal(reading, f"node {node} no longer runs replica {r.name}", f"replica {r.name}"))
-            elif replica_values := replica_series_values(r):
+            elif replica_values := stored_values(r):
                 rows.append({"node": node, "subject_kind": "replica", "subject": r.name, "at": reading.sent_at,
                              "resolution_seconds": 0, "values": replica_values})
         candidates.append((reading, rows))

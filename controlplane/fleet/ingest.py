@@ -21,66 +21,14 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
-from agent.wire import DesiredState, GpuSample, NodeReport, ReplicaSpec, ReplicaStatus
+from agent.wire import DesiredState, GpuSample, NodeReport, ReplicaSpec
 from controlplane.fleet.sequencing import Verdict, classify
-from controlplane.policy.engine_args import MAX_NUM_SEQS, flags_key, get_int_flag
+from controlplane.policy.signals import stored_values
 from controlplane.store.models import DesiredReplica, Gpu, Node, Replica, ReplicaEventRow, Sample, UtcDateTime
+from engines import DEFAULT_ENGINE
 
-# The numeric fields kept as time series; everything else is only kept as the latest reading. The p50 and p95
-# are for the console's charts (a p99 alone cannot tell a slow tail from a slow median); the policies read p99.
-REPLICA_SERIES = (
-    ("engine", "ttft_p50_seconds"),
-    ("engine", "ttft_p95_seconds"),
-    ("engine", "ttft_p99_seconds"),
-    ("engine", "itl_p50_seconds"),
-    ("engine", "itl_p95_seconds"),
-    ("engine", "itl_p99_seconds"),
-    ("engine", "e2e_p99_seconds"),
-    ("engine", "requests_running"),
-    ("engine", "requests_waiting"),
-    ("engine", "kv_cache_usage_ratio"),
-    ("engine", "generation_tokens_per_second"),
-    ("engine", "requests_per_second"),
-    ("engine", "errors_per_second"),
-    ("engine", "generation_tokens_total"),
-    ("engine", "preemptions_total"),
-    ("process", "rss_bytes"),
-    ("process", "gpu_memory_bytes"),
-    ("process", "cpu_percent"),
-)
 GPU_SERIES = ("temperature_celsius", "memory_used_bytes", "utilization_ratio", "power_watts", "xid_events_total",
               "ecc_uncorrected_total")
-
-
-def replica_series_values(status: ReplicaStatus) -> dict[str, Any]:
-    """The numeric readings of one replica worth charting; fields the agent could not read are left out. Plus
-    the scrape window's latency histograms, which a canary is judged on (retention's averages drop them)."""
-    values: dict[str, Any] = {}
-    for part, field in REPLICA_SERIES:
-        sample = getattr(status, part)
-        value = None if sample is None else getattr(sample, field)
-        if value is not None:
-            values[field] = float(value)
-    if status.engine is not None and (preemptions := status.engine.preemption_rate()) is not None:
-        values["preemptions_per_second"] = preemptions
-    if status.canary_ttft_seconds is not None:
-        values["canary_ttft_seconds"] = status.canary_ttft_seconds
-    # The policy engine's stall detector reads the canary, the governor the max-num-seqs, generation and other
-    # flags (their digest) each sample ran with.
-    if status.canary_ok is not None:
-        values["canary_ok"] = 1.0 if status.canary_ok else 0.0
-    if status.requests_in_flight_at_wedge is not None:
-        values["requests_lost"] = float(status.requests_in_flight_at_wedge)  # the stall restart's evidence
-    max_num_seqs = get_int_flag(status.engine_args, MAX_NUM_SEQS)
-    if max_num_seqs is not None:
-        values["max_num_seqs"] = float(max_num_seqs)
-    if status.live_cap is not None:
-        values["live_cap"] = float(status.live_cap)  # the cap in effect: what a canary's readings ran under
-    if status.engine is not None and status.engine.window is not None:
-        values["window"] = status.engine.window.model_dump(mode="json", exclude_none=True)
-    values["generation"] = float(status.generation)
-    values["flags_key"] = float(flags_key(status.engine_args))
-    return values
 
 
 def gpu_series_values(gpu: GpuSample) -> dict[str, float | list[int] | list[str]]:
@@ -122,7 +70,7 @@ def _replica_rows(report: NodeReport, now: datetime) -> list[dict[str, Any]]:
         "engine_args": list(r.engine_args), "restarts_total": r.restarts_total, "state_since": r.state_since,
         "last_exit_code": r.last_exit_code, "log_tail": list(r.log_tail), "engine": _dump(r.engine),
         "process": _dump(r.process), "canary_ttft_seconds": r.canary_ttft_seconds, "canary_ok": r.canary_ok,
-        "live_limits": _dump(r.live_limits), "updated_at": now,
+        "live_limits": _dump(r.live_limits), "engine_kind": r.engine_kind or DEFAULT_ENGINE, "updated_at": now,
     } for r in report.replicas]
 
 
@@ -133,7 +81,7 @@ def _sample_rows(report: NodeReport) -> list[dict[str, Any]]:
             rows.append({"node": report.node, "subject_kind": "gpu", "subject": str(g.index),
                          "at": report.sent_at, "resolution_seconds": 0, "values": gpu_values})
     for r in report.replicas:
-        if values := replica_series_values(r):
+        if values := stored_values(r):
             rows.append({"node": report.node, "subject_kind": "replica", "subject": r.name,
                          "at": report.sent_at, "resolution_seconds": 0, "values": values})
     return rows

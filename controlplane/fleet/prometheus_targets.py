@@ -4,9 +4,10 @@ Two jobs, chosen by the ``job`` query parameter:
 
 - ``pitstop-agent``: one target per node, its agent's /metrics, labelled ``node``.
 - ``pitstop-engines``: one target per replica, the engine's own /metrics passed through its agent
-  (``/engines/<replica>/metrics``), labelled ``node``, ``replica``, ``model`` and ``gpu``. Every ``vllm:*``
-  series of that engine reaches Prometheus with those labels, so rules aggregate vLLM's histograms and
-  counters by model and join them with the agent's series by (node, replica).
+  (``/engines/<replica>/metrics``), labelled ``node``, ``replica``, ``model``, ``engine`` (vllm, sglang) and
+  ``gpu``. Every series of that engine (``vllm:*``, ``sglang:*``) reaches Prometheus with those labels, so rules
+  aggregate the engines' histograms and counters by model and join them with the agent's series by (node,
+  replica). A data-parallel vLLM's own ``engine`` label (its rank) is kept as ``exported_engine``.
 
 The address is the agent's, as it reported it; an agent listening on a wildcard address (0.0.0.0, ::) is
 reached at the hostname it reported. Nodes that never reported an address have no target (they cannot be
@@ -24,6 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controlplane.store.models import Node, Replica
+from engines import DEFAULT_ENGINE
 
 Job = Literal["pitstop-agent", "pitstop-engines"]
 JOBS: tuple[Job, ...] = ("pitstop-agent", "pitstop-engines")
@@ -43,6 +45,7 @@ class ReplicaPlace:
     name: str
     model: str
     gpus: Sequence[int]
+    engine: str = DEFAULT_ENGINE
 
 
 def scrape_address(node: NodeAddress) -> str | None:
@@ -72,7 +75,7 @@ def target_groups(job: Job, nodes: Iterable[NodeAddress], replicas: Iterable[Rep
             continue
         groups.append({"targets": [address], "labels": {
             "__metrics_path__": f"/engines/{replica.name}/metrics",
-            "node": replica.node, "replica": replica.name, "model": replica.model,
+            "node": replica.node, "replica": replica.name, "model": replica.model, "engine": replica.engine,
             "gpu": ",".join(str(g) for g in sorted(replica.gpus)),
         }})
     return groups
@@ -84,7 +87,7 @@ def read_targets(session: Session, job: Job) -> list[dict[str, object]]:
              for name, hostname, url in session.execute(select(Node.name, Node.hostname, Node.agent_url))]
     replicas: list[ReplicaPlace] = []
     if job == "pitstop-engines":
-        replicas = [ReplicaPlace(node, name, model, [int(g) for g in gpus or []])
-                    for node, name, model, gpus in session.execute(
-                        select(Replica.node, Replica.name, Replica.model, Replica.gpus))]
+        replicas = [ReplicaPlace(node, name, model, [int(g) for g in gpus or []], engine)
+                    for node, name, model, gpus, engine in session.execute(
+                        select(Replica.node, Replica.name, Replica.model, Replica.gpus, Replica.engine_kind))]
     return target_groups(job, nodes, replicas)

@@ -11,7 +11,17 @@ from sqlalchemy import ColumnElement, Row, func, select
 from sqlalchemy.orm import Session
 
 from agent.wire import EngineSample, LiveLimits, ProcessSample, bounded, salvage
-from controlplane.fleet.schemas import EventOut, GpuOut, NodeDetail, NodeOut, NodeStatus, ReplicaOut, SampleOut
+from controlplane.fleet.schemas import (
+    EventOut,
+    GpuOut,
+    NodeDetail,
+    NodeOut,
+    NodeStatus,
+    ReplicaOut,
+    ReplicaSampleOut,
+    ReplicaValues,
+    SampleOut,
+)
 from controlplane.fleet.summary import FIGURES, ReplicaFigures
 from controlplane.store.models import Gpu, Node, Replica, ReplicaEventRow, Sample
 
@@ -76,6 +86,7 @@ def _replica_out(r: Replica, status: NodeStatus) -> ReplicaOut:
         process=None if r.process is None else salvage(ProcessSample, r.process),
         canary_ttft_seconds=r.canary_ttft_seconds, canary_ok=r.canary_ok, updated_at=r.updated_at,
         live_limits=None if r.live_limits is None else salvage(LiveLimits, r.live_limits),
+        engine_kind=r.engine_kind,
     )
 
 
@@ -127,14 +138,16 @@ def replica_figures(*, session: Session, now: datetime, stale_after: timedelta) 
     """Every replica's figures for the summary: five columns and one JSON column read, not the whole row (the
     log tail, flags and process sample would be decoded and validated for nothing)."""
     statuses = _statuses(session, now=now, stale_after=stale_after)
-    rows = session.execute(select(Replica.node, Replica.model, Replica.state, Replica.ready, Replica.engine))
+    rows = session.execute(select(Replica.node, Replica.model, Replica.state, Replica.ready, Replica.engine,
+                                  Replica.engine_kind))
     out = []
-    for node, model, state, ready, engine in rows:
+    for node, model, state, ready, engine, kind in rows:
         status = statuses.get(node, NodeStatus.STALE)
         if not isinstance(engine, Mapping):
-            out.append(ReplicaFigures(model, state, ready, status, has_engine=False))
+            out.append(ReplicaFigures(model, state, ready, status, has_engine=False, engine=kind))
             continue
-        out.append(ReplicaFigures(model, state, ready, status, True, *(reading(engine, f) for f in FIGURES)))
+        out.append(ReplicaFigures._make((model, state, ready, status, True, *(reading(engine, f) for f in FIGURES),
+                                         kind)))
     return out
 
 
@@ -172,11 +185,10 @@ def list_events(
             for e in session.scalars(query)]
 
 
-def _samples(
-    *, session: Session, node: str, kind: str, subject: str, since: datetime | None, limit: int,
-) -> list[SampleOut]:
-    """One subject's time series, oldest first (the newest ``limit`` points when there are more): one range
-    scan of ``ix_samples_subject_at``."""
+def _rows(*, session: Session, node: str, kind: str, subject: str, since: datetime | None,
+          limit: int) -> list[Sample]:
+    """One subject's stored samples, oldest first (the newest ``limit`` when there are more): one range scan of
+    ``ix_samples_subject_at``."""
     query = (select(Sample)
              .where(Sample.node == node, Sample.subject_kind == kind, Sample.subject == subject)
              .order_by(Sample.at.desc()).limit(limit))
@@ -184,14 +196,17 @@ def _samples(
         query = query.where(Sample.at >= since)
     rows = list(session.scalars(query))
     rows.reverse()
-    return [SampleOut(at=s.at, resolution_seconds=s.resolution_seconds, values=dict(s.values)) for s in rows]
+    return rows
 
 
 def replica_samples(
     *, session: Session, node: str, name: str, since: datetime | None, limit: int,
-) -> list[SampleOut]:
-    """A replica's time series, oldest first (the newest ``limit`` points when there are more)."""
-    return _samples(session=session, node=node, kind="replica", subject=name, since=since, limit=limit)
+) -> list[ReplicaSampleOut]:
+    """A replica's time series, oldest first (the newest ``limit`` points when there are more). Salvaged: a value
+    stored in a shape the table no longer reads is left out rather than failing the read."""
+    rows = _rows(session=session, node=node, kind="replica", subject=name, since=since, limit=limit)
+    return [ReplicaSampleOut(at=s.at, resolution_seconds=s.resolution_seconds, values=salvage(ReplicaValues, s.values))
+            for s in rows]
 
 
 def gpu_samples(
@@ -201,7 +216,8 @@ def gpu_samples(
     node's GPU that reported nothing (or no longer reports: its samples outlive its row) is an empty list."""
     if session.get(Node, node) is None:
         return None
-    return _samples(session=session, node=node, kind="gpu", subject=str(index), since=since, limit=limit)
+    rows = _rows(session=session, node=node, kind="gpu", subject=str(index), since=since, limit=limit)
+    return [SampleOut(at=s.at, resolution_seconds=s.resolution_seconds, values=dict(s.values)) for s in rows]
 
 
 def count_nodes_by_status(*, session: Session, now: datetime, stale_after: timedelta) -> dict[NodeStatus, int]:

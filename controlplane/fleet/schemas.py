@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from agent.wire import EngineSample, LiveLimits, ProcessSample
+from controlplane.policy.signals import stored_model
 
 
 class NodeStatus(StrEnum):
@@ -81,6 +82,8 @@ class ReplicaOut(BaseModel):
     canary_ok: bool | None
     # The live-cap plug-in as the agent last reported it (None: live limits off).
     live_limits: LiveLimits | None = None
+    # The engine it runs (``engines/``: vllm, sglang).
+    engine_kind: str = "vllm"
     updated_at: datetime
 
 
@@ -157,10 +160,29 @@ class EventOut(BaseModel):
 
 
 class SampleOut(BaseModel):
+    """One point of a GPU's time series: its readings by ``GpuSample``'s names."""
+
     at: datetime
     # 0 for a raw reading, else the width in seconds of the bucket this point averages.
     resolution_seconds: int
     values: dict[str, Any]
+
+
+# A replica sample's values, one field per signal of the table (``policy.signals``), built from it at import: to
+# a type checker, a model like any other.
+if TYPE_CHECKING:
+    ReplicaValues = BaseModel
+else:
+    ReplicaValues = stored_model()
+
+
+class ReplicaSampleOut(BaseModel):
+    """One point of a replica's time series: its signals, each absent when not reported."""
+
+    at: datetime
+    resolution_seconds: int = Field(description="0 for a raw reading, else the width in seconds of the bucket "
+                                                "this point folds (retention's one-minute averages).")
+    values: ReplicaValues
 
 
 class Problem(BaseModel):

@@ -21,11 +21,12 @@ from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from controlplane.fleet.schemas import NodeStatus
 from controlplane.policy.conditions import ErrorRateCondition, ThresholdCondition
 from controlplane.policy.policy import Policy
+from engines import ADAPTERS, DEFAULT_ENGINE, adapter
 
 Status = Literal["green", "amber", "red", "unknown"]
 # Above this share of the target a reading is amber: close enough to the line to look at.
@@ -49,6 +50,7 @@ class ReplicaFigures(NamedTuple):
     requests_per_second: float | None = None
     errors_per_second: float | None = None
     generation_tokens_per_second: float | None = None
+    engine: str = DEFAULT_ENGINE  # the engine it runs (``engines/``)
 
 
 # The engine readings ``ReplicaFigures`` carries, by their ``EngineSample`` names.
@@ -67,6 +69,10 @@ class Objective(BaseModel):
 
 class ModelSummary(BaseModel):
     model: str
+    # The engines its replicas run (one, as a rule), and the flag that caps their running requests: what an
+    # operator's running-limit change sets.
+    engines: list[str] = Field(default_factory=list)
+    governed_flag: str | None = None
     replicas: int
     ready: int
     by_state: dict[str, int]
@@ -142,8 +148,11 @@ def summarise_model(model: str, replicas: Sequence[ReplicaFigures], policies: Se
                                 status=status_of(ratio, target)))
     ready = sum(1 for r in replicas if serving(r))
     capacity = capacity_of(ready, len(replicas))
+    engines = sorted({r.engine for r in replicas})
+    flags = {adapter(e).governed_flag for e in engines if e in ADAPTERS}
     return ModelSummary(
-        model=model, replicas=len(replicas), ready=ready,
+        model=model, engines=engines, governed_flag=next(iter(flags)) if len(flags) == 1 else None,
+        replicas=len(replicas), ready=ready,
         by_state=dict(sorted(Counter(r.state for r in replicas).items())),
         tokens_per_second=_sum([r.generation_tokens_per_second for r in up]),
         requests_per_second=requests, objectives=objectives, capacity=capacity,

@@ -8,7 +8,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, field_validato
 
 from controlplane.policy.conditions import ThresholdCondition
 from controlplane.policy.durations import Duration
-from controlplane.policy.engine_args import MAX_NUM_SEQS
+from controlplane.policy.engine_args import GOVERNED_FLAGS
+from engines import ADAPTERS
 
 Severity = Literal["info", "warning", "page"]
 
@@ -85,8 +86,8 @@ class FlagRung(BaseModel):
 
     @model_validator(mode="after")
     def _sane(self) -> FlagRung:
-        if self.flag == MAX_NUM_SEQS:
-            raise ValueError("--max-num-seqs is the governor's own lever (ladder/min), not a rung of then")
+        if self.flag in GOVERNED_FLAGS:
+            raise ValueError(f"{self.flag} is the governor's own lever (ladder/min), not a rung of then")
         if self.text is not None and (not self.text or self.text.startswith("-")):
             raise ValueError(f"value {self.text!r} for {self.flag} is empty or looks like another flag")
         if self.flag in SWITCHES and self.value is not None:
@@ -98,10 +99,11 @@ class FlagRung(BaseModel):
         return self
 
 
-# vLLM flags a rung is checked against (others are taken as written).
-SWITCHES = frozenset({"--disable-custom-all-reduce", "--enforce-eager", "--disable-cascade-attn"})
-VALUED = frozenset({"--block-size", "--max-num-batched-tokens", "--gpu-memory-utilization", "--kv-cache-dtype"})
-MULTI_GPU_ONLY = frozenset({"--disable-custom-all-reduce"})
+# The engines' flags a rung is checked against (each adapter's ``rungs``; others are taken as written). A rung
+# one engine knows and the replica's does not is skipped on that replica (``rungs.next_rung``).
+SWITCHES = frozenset(f for a in ADAPTERS.values() for f in a.rungs.switches)
+VALUED = frozenset(f for a in ADAPTERS.values() for f in a.rungs.valued)
+MULTI_GPU_ONLY = frozenset(f for a in ADAPTERS.values() for f in a.rungs.multi_gpu_only)
 
 
 class LowerMaxNumSeqsAction(_Action):

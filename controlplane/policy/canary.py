@@ -20,14 +20,16 @@ before the change: whichever the caller hands in as ``peers``).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from controlplane.policy.signals import ReplicaSample
+
+# Signals (``policy.signals``) by name, as a change's judge names them.
 LATENCIES = ("ttft_p99_seconds", "itl_p99_seconds")
 THROUGHPUT = "generation_tokens_per_second"
 MIN_SAMPLES = 2
-Values = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -37,18 +39,18 @@ class CanaryVerdict:
     figures: dict[str, float | None]
 
 
-def figure(samples: Sequence[Values], key: str) -> float | None:
-    """The median reading of a latency, the mean of the throughput; None without readings."""
-    values = [float(s[key]) for s in samples if s.get(key) is not None]
+def figure(samples: Sequence[ReplicaSample], key: str) -> float | None:
+    """The median reading of a latency signal, the mean of the throughput; None without readings."""
+    values = [float(v) for s in samples if (v := getattr(s, key)) is not None]
     if not values:
         return None
     return statistics.median(values) if key != THROUGHPUT else sum(values) / len(values)
 
 
-def judge_canary(canary: Sequence[Values], peers: Sequence[Sequence[Values]], max_latency_regression: float,
-                 max_throughput_drop: float, latencies: Sequence[str] = LATENCIES, *,
+def judge_canary(canary: Sequence[ReplicaSample], peers: Sequence[Sequence[ReplicaSample]],
+                 max_latency_regression: float, max_throughput_drop: float, latencies: Sequence[str] = LATENCIES, *,
                  min_latency_gain: float | None = None) -> CanaryVerdict:
-    """Compare the canary's window to its peers' (one sequence of sample values per peer) on ``latencies``
+    """Compare the canary's window to its peers' (one sequence of samples per peer) on ``latencies``
     and throughput; the other latency p99s are reported, not judged."""
     if not peers:
         return CanaryVerdict("pass", "no peers to compare with: the canary converged", {})

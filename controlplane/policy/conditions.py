@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from controlplane.policy.durations import Duration
-from controlplane.policy.snapshot import Signal
+from controlplane.policy.signals import Signal
 
 Op = Literal[">", ">=", "<", "<="]
 

@@ -1,12 +1,23 @@
-"""Reading and rewriting vLLM engine flags in an argument list (``--max-num-seqs 128`` or ``--max-num-seqs=128``)."""
+"""Reading and rewriting engine flags in an argument list (``--max-num-seqs 128`` or ``--max-num-seqs=128``).
+
+Which flag is the governor's lever, and which tell an engine to span GPUs, is each engine's adapter's
+(``engines/``): an engine's arguments carry its own flags and no other engine's, so reading "the governed
+limit" needs no engine name, and writing it takes the engine's flag.
+"""
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
 
-# The governor's own lever; vLLM reads it (like every scheduler flag) only at start.
-MAX_NUM_SEQS = "--max-num-seqs"
+from engines import ADAPTERS, DEFAULT_ADAPTER, governed_flags
+
+# The default engine's lever (vLLM's ``--max-num-seqs``); the engine reads it, like every scheduler flag, only at
+# start. Each engine's own is ``adapter(name).governed_flag``.
+MAX_NUM_SEQS = DEFAULT_ADAPTER.governed_flag
+GOVERNED_FLAGS = tuple(sorted(governed_flags()))
+_TENSOR = tuple(f for a in ADAPTERS.values() for f in a.rungs.tensor_parallel)
+_PIPELINE = tuple(f for a in ADAPTERS.values() for f in a.rungs.pipeline_parallel)
 
 
 def get_flag(args: Sequence[str], flag: str) -> str | None:
@@ -29,6 +40,16 @@ def get_int_flag(args: Sequence[str], flag: str) -> int | None:
         return int(raw)
     except ValueError:
         return None
+
+
+def governed_limit(args: Sequence[str]) -> int | None:
+    """The engine's cap on requests running at once, from its arguments: its governed flag (vLLM's
+    ``--max-num-seqs``, SGLang's ``--max-running-requests``); None when absent (the engine's own default)."""
+    for flag in GOVERNED_FLAGS:
+        value = get_int_flag(args, flag)
+        if value is not None:
+            return value
+    return None
 
 
 def set_flag(args: Sequence[str], flag: str, value: str) -> list[str]:
@@ -54,12 +75,14 @@ def without_flag(args: Sequence[str], flag: str) -> list[str]:
 
 
 def flags_key(args: Sequence[str]) -> int:
-    """A digest of the engine arguments other than ``--max-num-seqs``: equal keys, same tuning but the batch.
+    """A digest of the engine arguments other than the governed flag: equal keys, same tuning but the batch.
 
     Samples carry it so the governor compares a max-num-seqs value only with readings taken under the same
     other flags (a value that broke the SLO before a flag rung says little about it after).
     """
-    return zlib.crc32("\0".join(without_flag(args, MAX_NUM_SEQS)).encode())
+    for flag in GOVERNED_FLAGS:
+        args = without_flag(args, flag)
+    return zlib.crc32("\0".join(args).encode())
 
 
 def has_flag(args: Sequence[str], flag: str, value: str | None) -> bool:
@@ -78,6 +101,6 @@ def with_flag(args: Sequence[str], flag: str, value: str | None) -> list[str]:
 
 def spans_gpus(args: Sequence[str], gpus: Sequence[int]) -> bool:
     """Whether an engine runs over more than one GPU: several GPUs assigned, or tensor/pipeline parallel > 1."""
-    tensor = get_int_flag(args, "--tensor-parallel-size") or get_int_flag(args, "-tp") or 1
-    pipeline = get_int_flag(args, "--pipeline-parallel-size") or get_int_flag(args, "-pp") or 1
+    tensor = next((v for f in _TENSOR if (v := get_int_flag(args, f))), 1)
+    pipeline = next((v for f in _PIPELINE if (v := get_int_flag(args, f))), 1)
     return len(gpus) > 1 or tensor * pipeline > 1

@@ -28,18 +28,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from statistics import NormalDist
-from typing import Any
+from typing import Literal
 
+from agent.wire import EngineWindow
 from controlplane.policy.canary import LATENCIES, THROUGHPUT, CanaryVerdict, figure
+from controlplane.policy.signals import ReplicaSample
 
-Values = Mapping[str, Any]
 Interval = tuple[float, float]  # a bucket's (lower, upper) bound; a point when equal
+Latency = Literal["ttft", "itl"]
 
 # Fewer observations a side than this and the normal approximation of the rank statistic is not trusted.
 MIN_N = 20
 # Canary windows with a throughput figure before throughput is judged (15 s of readings at the default scrape).
 MIN_THROUGHPUT_WINDOWS = 3
-_KEYS = {"ttft_p99_seconds": "ttft", "itl_p99_seconds": "itl"}
+# The window's histogram of each judged latency signal.
+_HISTOGRAMS: Mapping[str, Latency] = {"ttft_p99_seconds": "ttft", "itl_p99_seconds": "itl"}
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class Pooled:
         steps = None if self.steps is None or other.steps is None else self.steps + other.steps
         return Pooled(dict(buckets), self.windows + other.windows, steps)
 
-    def n(self, latency: str) -> float | None:
+    def n(self, latency: Latency) -> float | None:
         """How many independent observations the pool counts as: one per engine step for inter-token latency;
         None for inter-token latency without a step count, whose tokens cannot be taken as independent."""
         if latency == "itl":
@@ -69,65 +72,51 @@ class Pooled:
         return self.total
 
 
-def _distinct(samples: Iterable[Values]) -> tuple[dict[str, Values], list[Values]]:
+def _distinct(samples: Iterable[ReplicaSample]) -> tuple[dict[datetime, ReplicaSample], list[ReplicaSample]]:
     """The samples that name a scrape window, one per window (a window travels in every report until the next
     scrape), and the samples that name none (an agent that reports no windows)."""
-    named: dict[str, Values] = {}
-    unnamed: list[Values] = []
-    for values in samples:
-        window = values.get("window")
-        if isinstance(window, Mapping) and "ended_at" in window:
-            named[str(window["ended_at"])] = values
+    named: dict[datetime, ReplicaSample] = {}
+    unnamed: list[ReplicaSample] = []
+    for sample in samples:
+        if sample.window is not None:
+            named[sample.window.ended_at] = sample
         else:
-            unnamed.append(values)
+            unnamed.append(sample)
     return named, unnamed
 
 
-def _windows(samples: Iterable[Values], since: datetime | None) -> list[Mapping[str, Any]]:
+def _windows(samples: Iterable[ReplicaSample], since: datetime | None) -> list[EngineWindow]:
     """The distinct scrape windows in ``samples`` that began at ``since`` or later."""
     found = []
-    for values in _distinct(samples)[0].values():
-        window = values["window"]
-        ended = _when(window["ended_at"])
-        if ended is None:
-            continue
-        began = ended.timestamp() - float(window.get("seconds") or 0.0)
-        if since is None or began >= since.timestamp():
+    for sample in _distinct(samples)[0].values():
+        window = sample.window
+        if window is not None and (since is None or window.ended_at.timestamp() - window.seconds
+                                   >= since.timestamp()):
             found.append(window)
     return found
 
 
-def _when(text: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(text))
-    except ValueError:
-        return None
-
-
-def pool(samples: Iterable[Values], latency: str, since: datetime | None = None) -> Pooled:
-    """``latency`` ("ttft" or "itl") pooled over the distinct windows of ``samples`` that began at ``since`` or
-    later. Pooled per bucket interval, so windows of an engine whose buckets changed still add up."""
+def pool(samples: Iterable[ReplicaSample], latency: Latency, since: datetime | None = None) -> Pooled:
+    """``latency`` pooled over the distinct windows of ``samples`` that began at ``since`` or later. Pooled per
+    bucket interval, so windows of an engine whose buckets changed still add up."""
     buckets: dict[Interval, float] = {}
     windows, steps = 0, 0.0
     counted_steps = True
     for window in _windows(samples, since):
-        histogram = window.get(latency)
-        if not isinstance(histogram, Mapping):
+        histogram = window.ttft if latency == "ttft" else window.itl
+        if histogram is None:
             continue
-        bounds = [float(b) for b in histogram.get("bounds") or ()]
-        counts = [float(c) for c in histogram.get("counts") or ()]
-        if len(counts) != len(bounds) + 1:
-            continue
-        for i, count in enumerate(counts):
+        bounds = histogram.bounds
+        for i, count in enumerate(histogram.counts):
             if count > 0:
                 low = bounds[i - 1] if i > 0 else 0.0
                 high = bounds[i] if i < len(bounds) else low  # above every bound: a point at the highest
                 buckets[(low, high)] = buckets.get((low, high), 0.0) + count
         windows += 1
-        if window.get("steps") is None:
+        if window.steps is None:
             counted_steps = False
         else:
-            steps += float(window["steps"])
+            steps += window.steps
     return Pooled(buckets, windows, steps if counted_steps and windows else None)
 
 
@@ -154,7 +143,7 @@ def greater(x: Interval, y: Interval) -> float:
 
 @dataclass(frozen=True)
 class RankTest:
-    latency: str
+    latency: Latency
     effect: float  # θ = P(canary > ratio times baseline)
     z: float
     n_canary: float
@@ -165,7 +154,7 @@ class RankTest:
                 f"{self.latency}_n_canary": self.n_canary, f"{self.latency}_n_baseline": self.n_baseline}
 
 
-def rank_test(latency: str, canary: Pooled, baseline: Pooled, ratio: float) -> RankTest | None:
+def rank_test(latency: Latency, canary: Pooled, baseline: Pooled, ratio: float) -> RankTest | None:
     """θ and its z against 1/2; None while either side has fewer than ``MIN_N`` observations (or no count)."""
     n1, n2 = canary.n(latency), baseline.n(latency)
     if n1 is None or n2 is None or n1 < MIN_N or n2 < MIN_N:
@@ -182,20 +171,21 @@ def boundary(alpha: float, looks: int) -> float:
     return NormalDist().inv_cdf(1 - alpha / (2 * max(1, looks)))
 
 
-def _throughput(samples: Iterable[Values]) -> tuple[float | None, int]:
+def _throughput(samples: Iterable[ReplicaSample]) -> tuple[float | None, int]:
     """The mean generation rate over the distinct scrape windows of ``samples``, and how many there were (a
     reading that names no window counts only where none does: an agent that reports none)."""
-    named, unnamed = _distinct(s for s in samples if s.get(THROUGHPUT) is not None)
-    values = [float(s[THROUGHPUT]) for s in (list(named.values()) or unnamed)]
-    return (sum(values) / len(values) if values else None), len(values)
+    named, unnamed = _distinct(s for s in samples if s.generation_tokens_per_second is not None)
+    rates = [s.generation_tokens_per_second for s in (list(named.values()) or unnamed)]
+    known = [r for r in rates if r is not None]
+    return (sum(known) / len(known) if known else None), len(known)
 
 
 EMPTY = Pooled({}, 0, 0.0)
 
 
-def judge_evidence(canary: Sequence[Values], baseline: Sequence[Sequence[Values]], *, since: datetime | None,
-                   baseline_since: datetime | None, latencies: Sequence[str] = LATENCIES, ratio: float,
-                   max_throughput_drop: float, alpha: float, looks: int) -> CanaryVerdict:
+def judge_evidence(canary: Sequence[ReplicaSample], baseline: Sequence[Sequence[ReplicaSample]], *,
+                   since: datetime | None, baseline_since: datetime | None, latencies: Sequence[str] = LATENCIES,
+                   ratio: float, max_throughput_drop: float, alpha: float, looks: int) -> CanaryVerdict:
     """Pass, fail or wait on the evidence so far: the canary's samples (windows that began at ``since`` or
     later) against the baseline's (one sequence of samples per replica, pooled, from ``baseline_since``).
     ``ratio``: the k of θ = P(X > k·Y)."""
@@ -209,7 +199,7 @@ def judge_evidence(canary: Sequence[Values], baseline: Sequence[Sequence[Values]
     tests: list[RankTest] = []
     waiting: list[str] = []
     for name in latencies:
-        latency = _KEYS.get(name)
+        latency = _HISTOGRAMS.get(name)
         if latency is None:
             continue
         mine = pool(canary, latency, since)
@@ -218,7 +208,7 @@ def judge_evidence(canary: Sequence[Values], baseline: Sequence[Sequence[Values]
         if test is None:
             n1, n2 = mine.n(latency), theirs.n(latency)
             if n1 is None or n2 is None:
-                waiting.append(f"{latency}: an engine reports no step count (vllm:iteration_tokens_total), so its "
+                waiting.append(f"{latency}: an engine reports no step count (an older vLLM, or SGLang), so its "
                                "tokens cannot be counted as independent: judged on p99s at the window's end")
             else:
                 waiting.append(f"{latency}: n {n1:.0f} vs {n2:.0f}, need {MIN_N} a side")

@@ -53,7 +53,7 @@ from controlplane.policy.durations import format_duration
 from controlplane.policy.kinds import ActionKind
 from controlplane.policy.live_cap import takes
 from controlplane.policy.memory import breach_ceiling
-from controlplane.policy.payloads import AlertPayload, Judge, MaxNumSeqsPayload, SetLiveCapPayload
+from controlplane.policy.payloads import AlertPayload, Judge, MaxNumSeqsPayload, SetLiveCapPayload, governed_flag
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target, replica_target
 from controlplane.policy.rungs import at_generation, past_max_num_seqs
@@ -181,7 +181,7 @@ def _change(policy: Policy, action: LowerMaxNumSeqsAction, kind: str, replicas: 
             runbook_url=policy.runbook_url)
     change = MaxNumSeqsPayload(
         kind=ActionKind.LOWER_MAX_NUM_SEQS if kind == "lower" else ActionKind.RAISE_MAX_NUM_SEQS, max_num_seqs=value,
-        previous=previous, canary=canary, judge=judge)
+        previous=previous, canary=canary, judge=judge, flag=governed_flag(replicas[0].engine))
     args = {r.key: change.derive(r.engine_args) for r in replicas}
     return ProposedAction(
         policy=policy.name, target=target, payload=change.model_copy(update={"engine_args": args}),

@@ -14,7 +14,7 @@ See docs/design.md, "The action contract".
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, cast, get_args
 
 from pydantic import (
     AwareDatetime,
@@ -31,13 +31,17 @@ from controlplane.policy.engine_args import (
     MAX_NUM_SEQS,
     get_flag,
     get_int_flag,
+    governed_limit,
     has_flag,
     set_flag,
     spans_gpus,
     with_flag,
 )
+from engines import EngineAdapter
 
 Severity = Literal["info", "warning", "page"]
+# The engines' governed flags (``engines/``: each adapter's ``governed_flag``).
+GovernedFlag = Literal["--max-num-seqs", "--max-running-requests"]
 
 
 class _Model(BaseModel):
@@ -201,22 +205,42 @@ class SetFlagsPayload(_NewArgs):
         return "the operator's engine arguments"
 
 
+def governed_flag(engine: EngineAdapter) -> GovernedFlag | None:
+    """``MaxNumSeqsPayload.flag`` for a change of ``engine``'s running limit: None for the default engine's."""
+    flag = engine.governed_flag
+    if flag == MAX_NUM_SEQS:
+        return None
+    if flag not in get_args(GovernedFlag):
+        raise ValueError(f"{engine.title}'s governed flag {flag} is not among GovernedFlag's")
+    return cast(GovernedFlag, flag)
+
+
 class MaxNumSeqsPayload(_NewArgs):
-    """The governor's ``--max-num-seqs`` change, lower or raise, on one replica (a canary) or several."""
+    """The governor's change of the engine's running limit, lower or raise, on one replica (a canary) or several.
+
+    ``flag`` is the model's engine's governed flag (``engines/``) where it is not the default engine's:
+    ``--max-running-requests`` for SGLang; None (left out of the stored form, as in every action stored before
+    engines had names) for vLLM's ``--max-num-seqs``."""
 
     kind: Literal["lower_max_num_seqs", "raise_max_num_seqs"] = Field(exclude=True)
     max_num_seqs: int = Field(ge=1)
     previous: int = Field(ge=1)
+    flag: GovernedFlag | None = None
+
+    @property
+    def governed(self) -> str:
+        """The flag the change sets."""
+        return self.flag or MAX_NUM_SEQS
 
     def derive(self, args: Sequence[str]) -> list[str]:
-        return set_flag(args, MAX_NUM_SEQS, str(self.max_num_seqs))
+        return set_flag(args, self.governed, str(self.max_num_seqs))
 
     def needs(self, args: Sequence[str], gpus: Sequence[int]) -> bool:
-        return get_int_flag(args, MAX_NUM_SEQS) != self.max_num_seqs
+        return get_int_flag(args, self.governed) != self.max_num_seqs
 
     @property
     def change(self) -> str:
-        return f"{MAX_NUM_SEQS} {self.max_num_seqs}"
+        return f"{self.governed} {self.max_num_seqs}"
 
 
 class AddEngineFlagPayload(_NewArgs):
@@ -244,7 +268,7 @@ class AddEngineFlagPayload(_NewArgs):
 
     def tuning(self, args: Sequence[str]) -> tuple[int | None, str | None, bool]:
         """What a like-for-like baseline must share with the canary before its change."""
-        return get_int_flag(args, MAX_NUM_SEQS), get_flag(args, self.flag), self.flag in args
+        return governed_limit(args), get_flag(args, self.flag), self.flag in args
 
     @property
     def change(self) -> str:

@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from agent.wire import LiveLimits, ReplicaState
 from controlplane.policy.canary import LATENCIES, CanaryVerdict, judge_canary
@@ -48,11 +48,11 @@ from controlplane.policy.payloads import (
     RolloutPlan,
     SetLiveCapPayload,
 )
+from controlplane.policy.signals import ReplicaSample
 
 RolloutPayload = RollingRestartPayload | NewArgsPayload | SetLiveCapPayload
 CanaryPayload = NewArgsPayload | SetLiveCapPayload
 Verdict = tuple[ActionState, str]
-Values = Mapping[str, Any]
 
 
 class Reported(Protocol):
@@ -118,10 +118,10 @@ class ReplicaView:
 @dataclass(frozen=True)
 class Observed:
     """What the caller read for one step: the model's replicas, and in the canary phase their samples since
-    ``samples_since(plan, settings)`` as (time, values), oldest first."""
+    ``samples_since(plan, settings)``, scrape windows included, oldest first."""
 
     replicas: Mapping[str, ReplicaView]
-    samples: Mapping[str, Sequence[tuple[datetime, Values]]] = field(default_factory=dict)
+    samples: Mapping[str, Sequence[ReplicaSample]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -226,8 +226,8 @@ def _budget_wait(model: str | None, batch: Sequence[str], observed: Observed, gu
     return None
 
 
-def _window(observed: Observed, key: str, since: datetime, until: datetime | None = None) -> list[Values]:
-    return [v for at, v in observed.samples.get(key, ()) if at >= since and (until is None or at < until)]
+def _window(observed: Observed, key: str, since: datetime, until: datetime | None = None) -> list[ReplicaSample]:
+    return [s for s in observed.samples.get(key, ()) if s.at >= since and (until is None or s.at < until)]
 
 
 def _like_for_like(action: AddEngineFlagPayload, plan: RolloutPlan, peers: Sequence[ReplicaView]) -> list[ReplicaView]:
@@ -339,7 +339,7 @@ def _undo(action: CanaryPayload) -> str:
     if isinstance(action, SetLiveCapPayload):
         return f"rolled back to {cap_words(action.previous)}"
     if isinstance(action, MaxNumSeqsPayload):
-        return f"rolled back to --max-num-seqs {action.previous}"
+        return f"rolled back to {action.governed} {action.previous}"
     return f"rolled back to its arguments without {action.change}"
 
 

@@ -26,6 +26,7 @@ from controlplane.policy.payloads import AddEngineFlagPayload, AlertPayload, Jud
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, replica_target
 from controlplane.policy.snapshot import FlagTrial, Replica, ReplicaSample
+from engines import ADAPTERS
 
 
 def at_generation(replica: Replica) -> list[ReplicaSample]:
@@ -37,7 +38,11 @@ def next_rung(replica: Replica, action: LowerMaxNumSeqsAction, trials: Sequence[
               now: datetime) -> tuple[int, FlagRung] | str:
     """The first rung of ``then`` this replica can still take (1-based position, rung), or why there is none."""
     skipped: list[str] = []
+    engine = replica.engine
     for position, rung in enumerate(action.then, start=1):
+        if rung.flag not in engine.rungs.known and any(rung.flag in a.rungs.known for a in ADAPTERS.values()):
+            skipped.append(f"{rung.label} is no {engine.title} flag")
+            continue
         if has_flag(replica.engine_args, rung.flag, rung.text):
             skipped.append(f"{rung.label} already set")
             continue

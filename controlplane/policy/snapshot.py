@@ -1,23 +1,24 @@
 """The fleet as the policy engine sees it: an immutable value built by the control plane from its store.
 
 Times are timezone-aware (naive ones are rejected, so comparisons never mix the two). Field names mirror
-``agent.wire`` (EngineSample, ProcessSample, ReplicaStatus, GpuSample) so the store can
-copy them across without a mapping table. Histories are time-ordered, oldest first; the engine never reads a
-clock, it is handed ``now``.
+``agent.wire`` (EngineSample, ProcessSample, ReplicaStatus, GpuSample). A replica's history is of
+``ReplicaSample``s, the table of replica signals (``policy.signals``). Histories are time-ordered, oldest first;
+the engine never reads a clock, it is handed ``now``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from agent.wire import LiveLimits, ReplicaState, ReplicaStatus
-from controlplane.policy.engine_args import MAX_NUM_SEQS, flags_key, get_int_flag
+from agent.wire import LiveLimits, ReplicaState
+from controlplane.policy.engine_args import flags_key, governed_limit
 from controlplane.policy.live_cap import asked_limit, takes
+from controlplane.policy.signals import ReplicaSample, aware
+from engines import DEFAULT_ENGINE, EngineAdapter, EngineName, adapter
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -32,74 +33,6 @@ SERVING_STATES = frozenset({ReplicaState.READY, ReplicaState.ATTACHED})
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _aware(at: datetime) -> None:
-    if at.tzinfo is None or at.utcoffset() is None:
-        raise ValueError(f"sample time {at.isoformat()} has no timezone")
-
-
-# Samples are plain slotted dataclasses, not pydantic models: a 1,000-node fleet keeps about 1.4 million of
-# them in the leader's history cache, and a slotted instance is a quarter of a model's size and quick to
-# build. Pydantic still validates and serialises them where they sit in a snapshot's models.
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReplicaSample:
-    """One reading of one replica: engine figures, process-tree figures and the canary, at one instant."""
-
-    at: datetime
-    requests_running: float | None = None
-    requests_waiting: float | None = None
-    kv_cache_usage_ratio: float | None = None
-    preemptions_total: float | None = None
-    generation_tokens_total: float | None = None
-    generation_tokens_per_second: float | None = None
-    requests_per_second: float | None = None
-    errors_per_second: float | None = None
-    preemptions_per_second: float | None = None
-    ttft_p50_seconds: float | None = None
-    ttft_p95_seconds: float | None = None
-    ttft_p99_seconds: float | None = None
-    itl_p50_seconds: float | None = None
-    itl_p95_seconds: float | None = None
-    itl_p99_seconds: float | None = None
-    e2e_p99_seconds: float | None = None
-    rss_bytes: int | None = None
-    gpu_memory_bytes: int | None = None
-    canary_ok: bool | None = None
-    canary_ttft_seconds: float | None = None
-    # The --max-num-seqs the engine ran with when this was read; lets the governor remember which values
-    # broke the SLO without any state of its own.
-    max_num_seqs: int | None = None
-    # The generation (desired-state restart count) the engine ran at: samples of one engine instance, so
-    # a flag change is judged only on readings taken after it.
-    generation: int | None = None
-    # ``engine_args.flags_key`` of the engine's arguments: which other flags the readings were taken under.
-    flags_key: int | None = None
-    # While WEDGED: the requests the agent counted in flight when it took the replica out of rotation.
-    requests_lost: int | None = None
-    # The live cap on running requests in effect when this was read (live limits active), None otherwise.
-    live_cap: int | None = None
-
-    def __post_init__(self) -> None:
-        _aware(self.at)
-
-    @property
-    def running_limit(self) -> int | None:
-        """The most requests the engine would run at once when this was read: its live cap where one was in
-        effect, else its --max-num-seqs (None: vLLM's default)."""
-        return self.live_cap if self.live_cap is not None else self.max_num_seqs
-
-
-REPLICA_SAMPLE_FIELDS = frozenset(f.name for f in fields(ReplicaSample))
-
-
-# Numeric sample fields a threshold condition may name.
-Signal = Literal[
-    "requests_running", "requests_waiting", "kv_cache_usage_ratio", "preemptions_total",
-    "generation_tokens_per_second", "requests_per_second", "errors_per_second", "preemptions_per_second",
-    "ttft_p50_seconds", "ttft_p95_seconds", "ttft_p99_seconds", "itl_p50_seconds", "itl_p95_seconds",
-    "itl_p99_seconds", "e2e_p99_seconds", "rss_bytes", "gpu_memory_bytes", "canary_ttft_seconds",
-]
 
 
 class Replica(_Frozen):
@@ -124,6 +57,7 @@ class Replica(_Frozen):
     # The live-cap plug-in as last reported (None: live limits off), and the cap the control plane asked for.
     live_limits: LiveLimits | None = None
     desired_live_cap: int | None = None
+    engine_kind: EngineName = DEFAULT_ENGINE
 
     @property
     def key(self) -> str:
@@ -137,8 +71,14 @@ class Replica(_Frozen):
 
     @property
     def max_num_seqs(self) -> int | None:
-        """``--max-num-seqs`` from the engine arguments, None when the engine runs vLLM's default."""
-        return get_int_flag(self.engine_args, MAX_NUM_SEQS)
+        """The governed limit from the engine arguments (vLLM's ``--max-num-seqs``, SGLang's
+        ``--max-running-requests``), None when the engine runs its own default."""
+        return governed_limit(self.engine_args)
+
+    @property
+    def engine(self) -> EngineAdapter:
+        """What Pitstop knows of the engine it runs (``engines/``)."""
+        return adapter(self.engine_kind)
 
     @property
     def serving(self) -> bool:
@@ -178,7 +118,7 @@ class GpuReading:
     ecc_uncorrected_total: int | None = None
 
     def __post_init__(self) -> None:
-        _aware(self.at)
+        aware(self.at)
         if not isinstance(self.throttle_reasons, tuple):
             object.__setattr__(self, "throttle_reasons", tuple(self.throttle_reasons))
         if not isinstance(self.xids, tuple):
@@ -272,30 +212,3 @@ class FleetSnapshot(_Frozen):
 
     def replicas_of_model(self, model: str) -> list[Replica]:
         return [r for r in self.replicas if r.model == model]
-
-
-# The engine fields a history sample leaves out: not time series (the window's histograms are read from the
-# store by the canary judge, never from the history).
-NOT_SERIES = frozenset({"prefix_cache_hit_ratio", "stalled", "scrape_error", "prompt_tokens_per_second", "window"})
-
-
-def sample_from_status(at: datetime, status: ReplicaStatus) -> ReplicaSample:
-    """One history sample from a replica's status in an agent report (what the store keeps per report)."""
-    engine = status.engine.model_dump(exclude=set(NOT_SERIES)) if status.engine else {}
-    if status.engine is not None:
-        engine["preemptions_per_second"] = status.engine.preemption_rate()
-    process = status.process
-    return ReplicaSample(
-        at=at,
-        **engine,
-        rss_bytes=process.rss_bytes if process else None,
-        gpu_memory_bytes=process.gpu_memory_bytes if process else None,
-        canary_ok=status.canary_ok,
-        canary_ttft_seconds=status.canary_ttft_seconds,
-        max_num_seqs=get_int_flag(status.engine_args, MAX_NUM_SEQS),
-        generation=status.generation,
-        flags_key=flags_key(status.engine_args),
-        requests_lost=status.requests_in_flight_at_wedge,
-        live_cap=status.live_cap,
-    )
-

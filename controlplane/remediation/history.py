@@ -23,33 +23,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.policy.snapshot import REPLICA_SAMPLE_FIELDS, GpuReading, ReplicaSample
+from controlplane.policy.signals import ReplicaSample, from_stored
+from controlplane.policy.snapshot import GpuReading
 from controlplane.store.models import Sample
 
-_INT_FIELDS = ("rss_bytes", "gpu_memory_bytes", "max_num_seqs", "generation", "requests_lost", "live_cap")
-_COPIED = REPLICA_SAMPLE_FIELDS - {"at", "canary_ok", "flags_key", *_INT_FIELDS}
 Key = tuple[str, str, str]  # (node, subject kind, subject)
 _COLUMNS = (Sample.id, Sample.node, Sample.subject_kind, Sample.subject, Sample.at, Sample.values)
-
-
-def replica_sample(at: datetime, values: dict[str, Any]) -> ReplicaSample:
-    """A stored sample's values as the engine's ``ReplicaSample`` (booleans were stored as 0/1 averages)."""
-    fields: dict[str, Any] = {k: v for k, v in values.items() if k in _COPIED}
-    for name in _INT_FIELDS:
-        if values.get(name) is not None:
-            fields[name] = int(values[name])
-    if values.get("flags_key") is not None:
-        fields["flags_key"] = _shared_key(values["flags_key"])
-    if values.get("canary_ok") is not None:
-        fields["canary_ok"] = float(values["canary_ok"]) >= 0.5
-    return ReplicaSample(at=at, **fields)
-
-
-@lru_cache(maxsize=4096)
-def _shared_key(value: float) -> int:
-    # A fleet has a handful of distinct argument sets: one int object each, not one per cached sample (a
-    # 32-bit digest is no small int Python shares, and the cache holds over a million samples at 1,000 nodes).
-    return int(value)
 
 
 def gpu_reading(at: datetime, values: dict[str, Any]) -> GpuReading:
@@ -129,7 +108,7 @@ class SampleHistory:
             if at == last_at:
                 at = last_at
             last_at = at
-            point = replica_sample(at, values) if kind == "replica" else gpu_reading(at, values)
+            point = from_stored(at, values) if kind == "replica" else gpu_reading(at, values)
             series = series_of.get((node, kind, subject))
             if series is None:
                 series_of[(node, kind, subject)] = [point]

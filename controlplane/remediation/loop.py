@@ -24,6 +24,7 @@ from controlplane.policy.lifecycle import OPEN, ActionState
 from controlplane.policy.payloads import AlertPayload, PlannedRestartPayload
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target
+from controlplane.policy.signals import from_stored
 from controlplane.policy.snapshot import split_key
 from controlplane.remediation import alerting, breaker
 from controlplane.remediation.alerting import raise_alert
@@ -85,10 +86,12 @@ def _is_repeat_refusal(session: Session, decision: Decision) -> bool:
 
 
 def request_rates(session: Session, key: str, since: datetime) -> list[tuple[datetime, float]]:
+    """One replica's requests per second since ``since``, as (sample time, rate): the planned restart's forecast."""
     node, name = split_key(key)
     rows = session.execute(select(Sample.at, Sample.values).where(
         Sample.node == node, Sample.subject_kind == "replica", Sample.subject == name, Sample.at >= since))
-    return [(at, float(v["requests_per_second"])) for at, v in rows if v.get("requests_per_second") is not None]
+    rates = [(at, from_stored(at, values).requests_per_second) for at, values in rows]
+    return [(at, rate) for at, rate in rates if rate is not None]
 
 
 def _scheduled(session: Session, a: ProposedAction, now: datetime) -> ProposedAction:

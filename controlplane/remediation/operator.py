@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, model_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.policy.engine_args import MAX_NUM_SEQS, get_int_flag
+from controlplane.policy.engine_args import governed_limit
 from controlplane.policy.guardrails import Decision, GuardConfig, Verdict, decide
 from controlplane.policy.kinds import KINDS, ActionKind
 from controlplane.policy.lifecycle import OPEN, ActionState
@@ -34,16 +34,16 @@ from controlplane.policy.payloads import (
     RollingRestartPayload,
     SetFlagsPayload,
     SetLiveCapPayload,
+    governed_flag,
 )
 from controlplane.policy.proposals import ProposedAction, Target
 from controlplane.remediation.preview import ActionPreview, preview
 from controlplane.remediation.records import guard_state, record_decision, state_for
 from controlplane.remediation.snapshot import build_snapshot
 from controlplane.store.models import ActionRow, Node, Replica
+from engines import adapter
 
 OPERATOR_POLICY = "operator"
-# vLLM's own default when an engine runs without the flag (the governor assumes the same).
-DEFAULT_MAX_NUM_SEQS = 256
 # How much throughput an operator's lowering may cost its canary against the peers (the shipped itl-slo's).
 OPERATOR_MAX_THROUGHPUT_DROP = 0.35
 # Guardrails need the model's replicas and their readiness, not their histories.
@@ -219,20 +219,25 @@ def _max_num_seqs_proposal(session: Session, model: str, request: ModelActionReq
             replicas=[key], model=model,
             reason=request.reason or (f"running requests {current} -> {value} on {model} as a live cap (no restart), "
                                       f"canary {key} first, requested by {who}"))
-    current = get_int_flag(args, MAX_NUM_SEQS) or DEFAULT_MAX_NUM_SEQS
+    engine = adapter(canary.engine_kind)
+    flag = engine.governed_flag
+    current = governed_limit(args) or engine.governed_default
+    if current is None:
+        raise Conflict(f"{key} runs {engine.title} with no {flag}: the engine works its limit out itself, so there "
+                       f"is no current value to change from; start it with {flag} first")
     if value == current:
-        raise Conflict(f"{key} already runs {MAX_NUM_SEQS} {value}: nothing to change")
+        raise Conflict(f"{key} already runs {flag} {value}: nothing to change")
     lower = value < current
     change = MaxNumSeqsPayload(
         kind=ActionKind.LOWER_MAX_NUM_SEQS if lower else ActionKind.RAISE_MAX_NUM_SEQS, max_num_seqs=value,
-        previous=current, canary=True,
+        previous=current, canary=True, flag=governed_flag(engine),
         # Judged as the governor judges its own: inter-token latency against the peers, and (lowering) how much
         # throughput the smaller batch may cost. TTFT is not judged: it rises by design when the batch shrinks.
         judge=Judge(latencies=["itl_p99_seconds"], max_throughput_drop=OPERATOR_MAX_THROUGHPUT_DROP if lower else None))
     return ProposedAction(
         policy=OPERATOR_POLICY, target=Target(kind="replica", node=canary.node, replica=canary.name, model=model),
         payload=change.model_copy(update={"engine_args": {key: change.derive(args)}}), replicas=[key], model=model,
-        reason=request.reason or (f"{MAX_NUM_SEQS} {current} -> {value} on {model}, canary {key} first, "
+        reason=request.reason or (f"{flag} {current} -> {value} on {model}, canary {key} first, "
                                   f"requested by {who}"))
 
 

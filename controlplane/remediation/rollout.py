@@ -28,6 +28,7 @@ from controlplane.policy.rollout import (
     start,
     step,
 )
+from controlplane.policy.signals import ReplicaSample, from_stored
 from controlplane.policy.snapshot import split_key
 from controlplane.remediation.records import write_payload
 from controlplane.store.models import ActionRow, DesiredReplica, Replica, Sample
@@ -51,7 +52,7 @@ def _observe(session: Session, row: ActionRow, since: datetime | None) -> Observ
             engine_args=tuple(str(a) for a in replica.engine_args), gpus=tuple(int(g) for g in replica.gpus),
             managed=replica.managed, last_exit_code=replica.last_exit_code, desired_generation=desired,
             live_limits=reported(replica.live_limits))
-    samples: dict[str, list[tuple[datetime, dict[str, object]]]] = defaultdict(list)
+    samples: dict[str, list[ReplicaSample]] = defaultdict(list)
     if since is not None and views:
         nodes = {split_key(k)[0] for k in views}
         for node, subject, at, values in session.execute(
@@ -60,7 +61,7 @@ def _observe(session: Session, row: ActionRow, since: datetime | None) -> Observ
                        Sample.resolution_seconds == 0).order_by(Sample.at)):
             key = f"{node}/{subject}"
             if key in views:
-                samples[key].append((at, dict(values)))
+                samples[key].append(from_stored(at, values, full=True))  # the canary is judged on its windows
     return Observed(replicas=views, samples=samples)
 
 

@@ -20,6 +20,7 @@ from controlplane.policy.kinds import ActionKind
 from controlplane.policy.lifecycle import ActionState
 from controlplane.policy.live_cap import reported
 from controlplane.policy.payloads import AddEngineFlagPayload, CorruptPayload, parse_payload
+from controlplane.policy.signals import from_stored
 from controlplane.policy.snapshot import (
     ALERTMANAGER_POLICY,
     UNMAPPED,
@@ -32,11 +33,12 @@ from controlplane.policy.snapshot import (
     Replica,
     ReplicaSample,
 )
-from controlplane.remediation.history import SampleHistory, gpu_reading, replica_sample
+from controlplane.remediation.history import SampleHistory, gpu_reading
 from controlplane.store.models import ActionRow, AlertRow, DesiredReplica, Sample
 from controlplane.store.models import Gpu as GpuRow
 from controlplane.store.models import Node as NodeRow
 from controlplane.store.models import Replica as ReplicaRow
+from engines import ADAPTERS, DEFAULT_ENGINE
 
 Point = tuple[datetime, dict[str, Any]]
 # How far back taken-back flag rungs are read (a rung's retry_after is at most this useful).
@@ -76,7 +78,7 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
     replica_query = select(r_cols.node, r_cols.name, r_cols.model, r_cols.gpus, r_cols.state, r_cols.ready,
                            r_cols.managed, r_cols.state_since, r_cols.engine_args, r_cols.generation,
                            r_cols.restarts_total, r_cols.last_exit_code, r_cols.log_tail, r_cols.live_limits,
-                           DesiredReplica.generation.label("desired_generation"),
+                           r_cols.engine_kind, DesiredReplica.generation.label("desired_generation"),
                            DesiredReplica.live_cap.label("desired_live_cap")
                            ).outerjoin(DesiredReplica, (DesiredReplica.node == r_cols.node)
                                        & (DesiredReplica.name == r_cols.name)
@@ -93,7 +95,7 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
             return []
         if samples is not None:
             return samples.replica(node, name, since)
-        return [replica_sample(at, v) for at, v in stored.get((node, name), [])]
+        return [from_stored(at, v) for at, v in stored.get((node, name), [])]
 
     replicas = [Replica.model_construct(
         node=r.node, labels={}, name=r.name, model=r.model, gpus=list(r.gpus), state=ReplicaState(r.state),
@@ -102,6 +104,7 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
         restarts_total=r.restarts_total, last_exit_code=r.last_exit_code,
         log_tail=list(r.log_tail), history=replica_history(r.node, r.name),
         live_limits=reported(r.live_limits), desired_live_cap=r.desired_live_cap,
+        engine_kind=r.engine_kind if r.engine_kind in ADAPTERS else DEFAULT_ENGINE,
     ) for r in rows]
     gpus: list[Gpu] = []
     if model is None:

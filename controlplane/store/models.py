@@ -88,6 +88,8 @@ class Replica(Base):
     # The live-cap plug-in as the agent last reported it (``agent.wire.LiveLimits``); None: live limits off,
     # or an agent that predates them.
     live_limits: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    # The engine it runs (``engines/``); vLLM for agents that predate engine names.
+    engine_kind: Mapped[str] = mapped_column(String(16), default="vllm", server_default="vllm")
     updated_at: Mapped[datetime]
 
 

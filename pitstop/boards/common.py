@@ -55,7 +55,7 @@ ACTIONS = Annotation(
     color="purple",
 )
 
-_ALERT_COLUMNS = ("alertname", "severity", "node", "gpu", "model", "replica")
+_ALERT_COLUMNS = ("alertname", "severity", "node", "gpu", "model", "engine", "replica")
 
 
 def firing_alerts(scope: Scope, alerts: tuple[str, ...], *, title: str, description: str,

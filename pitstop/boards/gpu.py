@@ -9,7 +9,7 @@ from pitstop.boards.promql import Scope
 
 S = Scope(("node", "gpu"))
 GPU_LEGEND = "{{node}} gpu{{gpu}}"
-MEMORY_HIGH = 0.95  # GPUMemoryHigh; vLLM preallocates 0.9 by default
+MEMORY_HIGH = 0.95  # GPUMemoryHigh; engines preallocate less by default (vLLM 0.9)
 HEADROOM_WARN = 5  # GPUHot: within 5 °C of the GPU's own slowdown threshold
 
 VARIABLES = (
@@ -93,8 +93,9 @@ def _memory_row() -> Row:
     return Row("Memory and load", (
         Panel(title="GPU memory used", unit="percentunit", width=8, min=0, max=1, alerts=("GPUMemoryHigh",),
               thresholds=steps("green", ("red", MEMORY_HIGH)), threshold_style="dashed",
-              description=f"Share of each GPU's memory in use. vLLM preallocates --gpu-memory-utilization (0.9 "
-              f"by default) at start: high and flat is normal. Above {MEMORY_HIGH:.0%} something outside the "
+              description=f"Share of each GPU's memory in use. Engines preallocate most of it at start (vLLM "
+              f"--gpu-memory-utilization, 0.9 by default; SGLang --mem-fraction-static): high and flat is normal. "
+              f"Above {MEMORY_HIGH:.0%} something outside the "
               "engines' budget holds memory (see the orphan processes).",
               targets=(Target(f"{S.sel('pitstop_gpu_memory_used_bytes')} / "
                               f"{S.sel('pitstop_gpu_memory_total_bytes')}", GPU_LEGEND),)),

@@ -10,24 +10,33 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from engines import ADAPTERS
+
+# Every engine's own series start with its adapter's prefix (vllm:, sglang:).
+ENGINE_PREFIXES = tuple(a.metric_prefix for a in ADAPTERS.values())
+_REPLICA = ("node", "model", "replica", "engine")
+
 # The labels of each family of series that a dashboard variable can filter on, by name prefix.
-#   vllm:*        each replica's own vLLM /metrics, with the scrape job's target labels node, replica, model
-#   model:*       recording rules aggregated by model
-#   pitstop_*     the agent's series (gpu on GPU series; replica and model on replica series)
+#   vllm:*, sglang:*   each replica's own engine /metrics, with the scrape job's target labels node, replica,
+#                      model and engine
+#   model_engine:*     recording rules aggregated by model and engine
+#   model:*            recording rules aggregated by model
+#   pitstop_*          the agent's series (gpu on GPU series; replica, model and engine on replica series)
 # Control-plane series (pitstop_cp_*), pitstop_build_info and up carry none of these.
 SERIES_LABELS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("vllm:", ("node", "model", "replica")),
+    *((prefix, _REPLICA) for prefix in ENGINE_PREFIXES),
+    ("model_engine:", ("model", "engine")),
     ("model:", ("model",)),
     ("pitstop_cp_", ()),
     ("pitstop_gpu_", ("node", "gpu")),
     ("pitstop_node_", ("node",)),
-    ("pitstop_replica_", ("node", "model", "replica")),
-    ("pitstop_engine_", ("node", "model", "replica")),
-    ("pitstop_canary_", ("node", "model", "replica")),
+    ("pitstop_replica_", _REPLICA),
+    ("pitstop_engine_", _REPLICA),
+    ("pitstop_canary_", _REPLICA),
 )
 
-# vLLM's series are read from the engines' job only: another job scraping vLLM directly (without the fleet's
-# labels, so matching "All") would otherwise be summed in; the recording rules do the same.
+# The engines' series are read from the engines' job only: another job scraping an engine directly (without the
+# fleet's labels, so matching "All") would otherwise be summed in; the recording rules do the same.
 ENGINES_JOB = 'job="pitstop-engines"'
 
 KEYWORDS = frozenset({
@@ -97,7 +106,7 @@ class Scope:
 
     def sel(self, metric: str, *matchers: str) -> str:
         filters = [f'{label}=~"${label}"' for label in series_labels(metric) if label in self.variables]
-        job = [ENGINES_JOB] if metric.startswith("vllm:") else []
+        job = [ENGINES_JOB] if metric.startswith(ENGINE_PREFIXES) else []
         inner = ", ".join([*job, *matchers, *filters])
         return f"{metric}{{{inner}}}" if inner else metric
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pitstop.boards import engines
 from pitstop.boards.common import ACTIONS, FLEET, GPU, board_links, firing_alerts
+from pitstop.boards.engines import RUNNING_CAPS
 from pitstop.boards.grafana import Dashboard, Panel, Row, Step, Target, Variable, steps
 from pitstop.boards.inputs import Inputs, Slo
 from pitstop.boards.promql import Scope
 
-S = Scope(("node", "model", "replica"))
+S = Scope(("node", "engine", "model", "replica"))
 QUANTILES = ("0.5", "0.95", "0.99")
 RSS_LEAK = 256 * 1024 * 1024  # HostRSSLeak: bytes per hour, for 30 minutes
 GPU_MEMORY_LEAK = 512 * 1024 * 1024  # ReplicaGPUMemoryGrowing: bytes per hour, for 30 minutes
@@ -15,8 +17,10 @@ KV_WARN, KV_FULL = 0.9, 0.95
 
 VARIABLES = (
     Variable("node", "Node", "label_values(pitstop_replica_ready, node)"),
-    Variable("model", "Model", 'label_values(pitstop_replica_ready{node=~"$node"}, model)'),
-    Variable("replica", "Replica", 'label_values(pitstop_replica_ready{node=~"$node", model=~"$model"}, replica)',
+    Variable("engine", "Engine", 'label_values(pitstop_replica_ready{node=~"$node"}, engine)'),
+    Variable("model", "Model", 'label_values(pitstop_replica_ready{node=~"$node", engine=~"$engine"}, model)'),
+    Variable("replica", "Replica",
+             'label_values(pitstop_replica_ready{node=~"$node", engine=~"$engine", model=~"$model"}, replica)',
              multi=False),
 )
 
@@ -29,18 +33,20 @@ def _flag(zero: str, one: str, bad: int) -> tuple[dict[str, object], ...]:
     }},)
 
 
-def _quantiles(metric: str, legend: str = "p") -> tuple[Target, ...]:
-    rate = f"rate({S.sel(f'vllm:{metric}_bucket')}[$__rate_interval])"
-    return tuple(Target(f"histogram_quantile({q}, sum by (le) ({rate}))", f"{legend}{round(float(q) * 100)}")
-                 for q in QUANTILES)
+def _quantiles(key: str) -> tuple[Target, ...]:
+    """p50, p95 and p99 of the engines' histogram ``key``: by engine, so two engines' bounds never add up."""
+    buckets = engines.rate(S, key, suffix="_bucket")
+    return tuple(Target(f"histogram_quantile({q}, sum by (le, engine) ({buckets}))",
+                        f"p{round(float(q) * 100)} {{{{engine}}}}") for q in QUANTILES)
 
 
 def _slo(slo: Slo) -> tuple[Step, ...]:
     return steps("green", ("red", slo.threshold))
 
 
-def _rate(metric: str, *matchers: str) -> str:
-    return f"sum(rate({S.sel(metric, *matchers)}[$__rate_interval]))"
+def _rate(*keys: str) -> str:
+    """The rate of the engines' figures ``keys`` over the selected replicas."""
+    return f"sum({engines.rate(S, *keys)})"
 
 
 def _state_row(inputs: Inputs) -> Row:
@@ -90,51 +96,51 @@ def _state_row(inputs: Inputs) -> Row:
 
 def _latency_row(inputs: Inputs) -> Row:
     t = inputs.targets
-    how = ("histogram_quantile over the rate of vLLM's own histogram buckets of the selected replicas "
-           "(summed when several are selected)")
-    return Row("Latency (vLLM histograms)", (
-        Panel(title="TTFT p50 / p95 / p99", unit="s", width=6, alerts=("TTFTSLOBreach",), thresholds=_slo(t.ttft),
+    how = ("histogram_quantile over the rate of the engine's own histogram buckets of the selected replicas "
+           "(summed when several are selected, each engine apart)")
+    return Row("Latency (the engine's histograms)", (
+        Panel(title="TTFT p50 / p95 / p99", unit="s", width=8, alerts=("TTFTSLOBreach",), thresholds=_slo(t.ttft),
               threshold_style="dashed",
               description=f"Time to first token, {how}; the line is the objective {t.ttft.threshold:g} s. High "
               "with a queue: the replica is overloaded (see Load); high without one: prefill is slow.",
-              targets=_quantiles("time_to_first_token_seconds")),
-        Panel(title="Inter-token latency p50 / p95 / p99", unit="s", width=6, alerts=("ITLSLOBreach",),
+              targets=_quantiles("ttft")),
+        Panel(title="Inter-token latency p50 / p95 / p99", unit="s", width=8, alerts=("ITLSLOBreach",),
               thresholds=_slo(t.itl), threshold_style="dashed",
               description=f"Inter-token latency, {how}; the line is the objective {t.itl.threshold:g} s. High: "
-              "the batch is too large or sequences are preempted; the itl-slo governor lowers --max-num-seqs.",
-              targets=_quantiles("inter_token_latency_seconds")),
-        Panel(title="End-to-end latency p50 / p95 / p99", unit="s", width=6,
+              "the batch is too large or sequences are preempted; the itl-slo governor lowers the running-request "
+              f"cap ({RUNNING_CAPS}).",
+              targets=_quantiles("itl")),
+        Panel(title="End-to-end latency p50 / p95 / p99", unit="s", width=8,
               description=f"Request latency from arrival to the last token, {how}. It follows the output length; "
-              "a rise without longer outputs is queueing or slower decoding.",
-              targets=_quantiles("e2e_request_latency_seconds")),
-        Panel(title="Queue time p50 / p95 / p99", unit="s", width=6,
-              description=f"Time requests waited before being scheduled, {how}. Most of a high TTFT spent here "
-              "means capacity: add replicas rather than tune the engine.",
-              targets=_quantiles("request_queue_time_seconds")),
+              "a rise without longer outputs is queueing (see Requests running and waiting) or slower decoding.",
+              targets=_quantiles("e2e")),
     ))
 
 
 def _load_row(inputs: Inputs) -> Row:
     t = inputs.targets
-    finished = _rate("vllm:request_success_total")
-    failed = _rate("vllm:request_success_total", 'finished_reason=~"error|abort"')
-    kv = S.sel("vllm:kv_cache_usage_perc")
+    finished = _rate("requests")
+    # What the agent counts as errors: the adapter's errors, and server errors where the engine counts them apart
+    # (SGLang's HTTP 5xx). An engine counts its first error with the series (SGLang's): none yet is 0.
+    failed = f"({_rate('errors', 'server_errors')} or vector(0))"
+    kv = S.sel("pitstop_engine_kv_cache_usage_ratio")
     return Row("Load", (
         Panel(title="Requests running and waiting", unit="short", width=8,
-              description="Requests in the running batch and waiting (vllm:num_requests_running/waiting). A "
-              "queue that keeps growing: the replica is past its capacity.",
-              targets=(Target(f"sum({S.sel('vllm:num_requests_running')})", "running"),
-                       Target(f"sum({S.sel('vllm:num_requests_waiting')})", "waiting"))),
+              description="Requests in the running batch and waiting, as the agent reads them from the engine "
+              "(pitstop_engine_requests_running/waiting). A queue that keeps growing: the replica is past its "
+              "capacity.",
+              targets=(Target(f"sum({S.sel('pitstop_engine_requests_running')})", "running"),
+                       Target(f"sum({S.sel('pitstop_engine_requests_waiting')})", "waiting"))),
         Panel(title="Tokens/s", unit="short", width=8,
               description="Prompt (prefill) and generated tokens per second. Generation at 0 with requests "
               "running is a stall.",
-              targets=(Target(_rate("vllm:generation_tokens_total"), "generation"),
-                       Target(_rate("vllm:prompt_tokens_total"), "prompt"))),
-        Panel(title="Finished requests/s by reason", unit="reqps", width=8,
-              description="Requests finished per second by finish reason (stop, length, abort, error). Rising "
-              "error or abort: see the error ratio and the engine log.",
-              targets=(Target(f"sum by (finished_reason) (rate({S.sel('vllm:request_success_total')}"
-                              f"[$__rate_interval]))", "{{finished_reason}}"),)),
+              targets=(Target(_rate("generation_tokens"), "generation"),
+                       Target(_rate("prompt_tokens"), "prompt"))),
+        Panel(title="Finished and failed requests/s", unit="reqps", width=8,
+              description=f"Requests finished per second ({engines.names('requests')}), and those that failed "
+              f"({engines.names('errors', 'server_errors')}). Rising failures: see the error ratio and the "
+              "engine log.",
+              targets=(Target(finished, "finished"), Target(failed, "error or abort"))),
         Panel(title="Error ratio", unit="percentunit", width=12, alerts=("HighErrorRate",),
               thresholds=steps("green", ("red", t.errors.threshold)), threshold_style="dashed",
               description=f"Errors and aborts over finished requests; the line is the objective "
@@ -150,11 +156,13 @@ def _load_row(inputs: Inputs) -> Row:
                       {"id": "unit", "value": "short"}, {"id": "custom.axisPlacement", "value": "right"},
                       {"id": "custom.thresholdsStyle", "value": {"mode": "off"}}]},
               ),
-              description="KV cache usage (left) and sequences preempted per second (right): a full cache makes "
-              "vLLM evict running sequences and recompute them; the itl-slo governor lowers --max-num-seqs on "
-              "sustained preemptions.",
+              description="KV cache usage (left, pitstop_engine_kv_cache_usage_ratio) and sequences preempted "
+              f"per second (right, {engines.names('preemptions')}): a full cache makes the engine evict running "
+              "sequences and recompute them; the itl-slo governor lowers the running-request cap "
+              f"({RUNNING_CAPS}) on sustained preemptions.",
               targets=(Target(f"max({kv})", "KV cache"),
-                       Target(_rate("vllm:num_preemptions_total"), "preemptions/s"))),
+                       # SGLang's counter appears with its first retraction: none yet is 0.
+                       Target(f"{_rate('preemptions')} or vector(0)", "preemptions/s"))),
     ))
 
 
@@ -195,7 +203,7 @@ def _memory_row() -> Row:
 def board(inputs: Inputs) -> Dashboard:
     return Dashboard(
         uid="pitstop-replica", title="Pitstop replica",
-        description="What is wrong with this replica? Its state, canary and stalls, latency from vLLM's "
+        description="What is wrong with this replica? Its state, canary and stalls, latency from the engine's "
         "histograms, load, KV cache, errors, and host and GPU memory trends.",
         tags=("pitstop", "replica"), variables=VARIABLES,
         rows=(_state_row(inputs), _latency_row(inputs), _load_row(inputs), _memory_row()),

@@ -38,8 +38,8 @@ def registry() -> CollectorRegistry:
 
 def test_values_read_back_with_labels() -> None:
     reg = registry()
-    r1 = {"node": "n1", "replica": "r1", "model": "llama"}
-    r2 = {"node": "n1", "replica": "r2", "model": "qwen"}
+    r1 = {"node": "n1", "replica": "r1", "model": "llama", "engine": "vllm"}
+    r2 = {"node": "n1", "replica": "r2", "model": "qwen", "engine": "vllm"}
     assert reg.get_sample_value("pitstop_gpu_temperature_celsius", {"node": "n1", "gpu": "0"}) == 61.0
     assert reg.get_sample_value("pitstop_gpu_xid_events_total", {"node": "n1", "gpu": "0"}) == 2
     assert reg.get_sample_value("pitstop_replica_state", {**r1, "state": "READY"}) == 1.0

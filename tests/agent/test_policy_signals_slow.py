@@ -33,7 +33,7 @@ from bench.harness.http import probe
 from controlplane.policy import conditions as c
 from controlplane.policy.detectors import stall
 from controlplane.policy.policy import Policy
-from controlplane.policy.snapshot import sample_from_status
+from controlplane.policy.signals import sample_from_status
 from controlplane.policy_files import load_directory
 from tests.agent.conftest import REPO, ControlPlaneStandIn
 from tests.helpers import free_port, http_ok, wait_until

@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.engine_metrics import WANTED_NAMES, engine_sample, parse_metrics
+from agent.engine_metrics import engine_sample, parse_metrics, wanted_names
 from agent.prom_lines import PromTextError, SampleSelector, SeriesError, parse_line, select_samples
+from engines import VLLM
+
+WANTED_NAMES = wanted_names(VLLM)
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0-cpu"
 RECORDED = [REAL / "metrics-warm.txt", REAL / "metrics-cold.txt",

@@ -11,9 +11,18 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
 import pytest
 
-from agent.stackdump import MESSAGE_LIMIT, RunResult, StackDumper, condense, find_py_spy, run_subprocess
+from agent.stackdump import (
+    MESSAGE_LIMIT,
+    RunResult,
+    StackDumper,
+    condense,
+    core_pid,
+    find_py_spy,
+    run_subprocess,
+)
 from agent.wire import DesiredState, ReplicaSpec
 from tests.agent.conftest import AgentProcess, ControlPlaneStandIn
 from tests.agent.test_agent_slow import sim_replica
@@ -234,3 +243,18 @@ def test_the_agent_dumps_the_engine_before_draining_it_for_a_capturing_restart(
     note, _, dump = dumps[0].message.partition("\n")
     assert note.startswith("captured by py-spy ") and f"from pid {first}" in note
     assert "main (enginesim/cli.py:" in dump  # a real frame of the simulated engine
+
+
+def test_the_engines_busy_loop_is_found_by_its_adapters_process_title() -> None:
+    # vLLM's API server forks its EngineCore, which sets its title; the dump's note names its pid.
+    proc = subprocess.Popen(["bash", "-c", "(exec -a VLLM::EngineCore sleep 30) & wait"])
+    try:
+        wait_until(lambda: core_pid(proc.pid, "VLLM::EngineCore") is not None, 10, what="the titled child")
+        found = core_pid(proc.pid, "VLLM::EngineCore")
+        assert found is not None and found != proc.pid
+        assert core_pid(proc.pid, "sglang::scheduler") is None
+    finally:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        proc.wait()

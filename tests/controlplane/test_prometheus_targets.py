@@ -18,12 +18,14 @@ def test_agents_are_one_target_per_node_labelled_with_the_node() -> None:
 
 def test_engines_are_scraped_through_their_agent_with_the_fleet_labels() -> None:
     nodes = [NodeAddress("a", "a.example", "http://10.0.0.1:9400")]
-    replicas = [ReplicaPlace("a", "r1", "llama-8b", [3, 2]), ReplicaPlace("a", "r0", "llama-8b", [0])]
+    replicas = [ReplicaPlace("a", "r1", "qwen-7b", [3, 2], "sglang"), ReplicaPlace("a", "r0", "llama-8b", [0])]
     assert target_groups("pitstop-engines", nodes, replicas) == [
         {"targets": ["10.0.0.1:9400"], "labels": {"__metrics_path__": "/engines/r0/metrics", "node": "a",
-                                                  "replica": "r0", "model": "llama-8b", "gpu": "0"}},
+                                                  "replica": "r0", "model": "llama-8b", "engine": "vllm",
+                                                  "gpu": "0"}},
         {"targets": ["10.0.0.1:9400"], "labels": {"__metrics_path__": "/engines/r1/metrics", "node": "a",
-                                                  "replica": "r1", "model": "llama-8b", "gpu": "2,3"}},
+                                                  "replica": "r1", "model": "qwen-7b", "engine": "sglang",
+                                                  "gpu": "2,3"}},
     ]
 
 
@@ -37,13 +39,14 @@ def test_an_agent_on_a_wildcard_address_is_reached_at_its_hostname_and_one_witho
 
 
 def test_the_endpoint_serves_what_the_agents_reported_and_refuses_an_unknown_job(client: TestClient) -> None:
-    two = report(replicas=[replica("r0"), replica("r1", model="qwen-7b")])
+    two = report(replicas=[replica("r0"), replica("r1", model="qwen-7b").model_copy(update={"engine_kind": "sglang"})])
     assert client.post("/v1/agents/gpu-a/report", json=body(two)).status_code == 200
     agents = client.get("/v1/prometheus/targets", params={"job": "pitstop-agent"})
     assert agents.status_code == 200
     assert agents.json() == [{"targets": ["127.0.0.1:9400"], "labels": {"node": "gpu-a"}}]
     engines = client.get("/v1/prometheus/targets", params={"job": "pitstop-engines"}).json()
-    assert [(g["labels"]["replica"], g["labels"]["model"], g["labels"]["__metrics_path__"]) for g in engines] == [
-        ("r0", "tiny-llama", "/engines/r0/metrics"), ("r1", "qwen-7b", "/engines/r1/metrics")]
+    assert [(g["labels"]["replica"], g["labels"]["model"], g["labels"]["engine"], g["labels"]["__metrics_path__"])
+            for g in engines] == [("r0", "tiny-llama", "vllm", "/engines/r0/metrics"),
+                                  ("r1", "qwen-7b", "sglang", "/engines/r1/metrics")]
     assert client.get("/v1/prometheus/targets", params={"job": "nope"}).status_code == 422
     assert client.get("/v1/prometheus/targets").status_code == 422

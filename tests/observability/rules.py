@@ -16,6 +16,9 @@ from agent.exporter import AgentCollector, ExportState
 from agent.wire import EngineSample, GpuSample, ProcessSample, ReplicaState, ReplicaStatus
 from controlplane.api.store_metrics import StoreReading
 from controlplane.api.telemetry import Telemetry
+from engines import ADAPTERS, SGLANG, VLLM
+from enginesim import sglang as sglang_sim
+from enginesim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "alerts" / "pitstop-rules.yml"
@@ -30,17 +33,38 @@ RULE_TESTS = sorted((ROOT / "alerts" / "tests").glob("*.yml"))
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 # vLLM 0.33's metric families (name, kind), as the simulator exports them.
 VLLM_METRICS = ROOT / "enginesim" / "data" / "vllm-metrics.tsv"
+# Every engine's own series start with its adapter's prefix (vllm:, sglang:).
+ENGINE_PREFIXES = tuple(a.metric_prefix for a in ADAPTERS.values())
 
 # Recording rules no alert reads, kept for the dashboards (the names are their interface) and for the live
 # tests; every other recording rule must be read by an alert, directly or through another rule.
 FOR_DASHBOARDS = frozenset({
-    *(f"model:vllm_{sli}_seconds:{q}_{w}" for sli in ("ttft", "itl", "e2e") for q in ("p50", "p95", "p99")
+    *(f"model_engine:{sli}_seconds:{q}_{w}" for sli in ("ttft", "itl", "e2e") for q in ("p50", "p95", "p99")
       for w in ("1m", "5m")),
-    "model:vllm_generation_tokens:rate1m",
-    "model:vllm_request_error_ratio:1m",
+    "model_engine:generation_tokens:rate1m",
+    "model_engine:request_error_ratio:1m",
     "model:pitstop_replicas_ready:ratio",
     "node_gpu:pitstop_gpu_thermal_headroom_celsius",
 })
+
+# The latency histograms' default bucket bounds of each engine, by the SLO's signal (ttft, itl): an SLO's miss
+# ratio reads the bucket at its threshold, which only exists where the threshold is a bound. The simulator
+# declares each engine's:
+# - vLLM: fixed in its code; vLLM 0.33's (enginesim/metrics.py).
+# - SGLang: set by --bucket-time-to-first-token and --bucket-inter-token-latency; without them the defaults of its
+#   TokenizerMetricsCollector (python/sglang/srt/metrics/collector.py), as SGLang 0.5.23 renders them
+#   (enginesim/sglang.py, checked against tests/fixtures/sglang-0.5.23/metrics.txt).
+DEFAULT_BUCKETS: dict[tuple[str, str], tuple[float, ...]] = {
+    (VLLM.name, "ttft"): TTFT_BUCKETS,
+    (VLLM.name, "itl"): ITL_BUCKETS,
+    (SGLANG.name, "ttft"): sglang_sim.TTFT_BUCKETS,
+    (SGLANG.name, "itl"): sglang_sim.ITL_BUCKETS,
+}
+# The flag that sets an engine's bounds, by signal; an engine without one (vLLM) cannot be given a bound.
+BUCKET_FLAGS: dict[tuple[str, str], str] = {
+    (SGLANG.name, "ttft"): "--bucket-time-to-first-token",
+    (SGLANG.name, "itl"): "--bucket-inter-token-latency",
+}
 
 # PromQL identifiers; string literals are removed first so label values never count as series.
 _IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
@@ -78,21 +102,49 @@ _RECORDED = re.compile(r"^[a-z_]+:[a-z0-9_]+:[a-z0-9_]+$")
 
 
 def referenced_series(expr: str) -> set[str]:
-    """Every identifier in ``expr`` that names a Pitstop series, a vLLM series or a recording rule."""
+    """Every identifier in ``expr`` that names a Pitstop series, an engine's series or a recording rule."""
     bare = _RANGE.sub("", _STRING.sub('""', expr))
     return {name for name in _IDENT.findall(bare)
-            if "pitstop_" in name or name.startswith("vllm:") or _RECORDED.match(name)}
+            if "pitstop_" in name or name.startswith(ENGINE_PREFIXES) or _RECORDED.match(name)}
 
 
-def vllm_series(path: Path = VLLM_METRICS) -> set[str]:
-    """Sample names of vLLM's metric families: counters with _total, histograms with _bucket, _count, _sum."""
+def engine_series_in(expr: str) -> set[str]:
+    """The engines' own series (vllm:*, sglang:*) that ``expr`` reads."""
+    return {name for name in referenced_series(expr) if name.startswith(ENGINE_PREFIXES)}
+
+
+def engine_series(path: Path = VLLM_METRICS) -> set[str]:
+    """Sample names of the engines' metric families: vLLM's list, and every name of each adapter's table
+    (older names included). Counters with _total, histograms with _bucket, _count and _sum."""
     names: set[str] = set()
     for line in path.read_text().splitlines():
         if line.startswith("#") or line.startswith("name\t") or not line.strip():
             continue
         name, kind = line.split("\t")[:2]
         names |= {name + suffix for suffix in _SUFFIXES.get(kind, ("",))}
+    for adapter in ADAPTERS.values():
+        for metric in adapter.metrics:
+            suffixes = _SUFFIXES["histogram"] if metric.kind == "histogram" else ("",)
+            names |= {name + suffix for name in metric.names for suffix in suffixes}
     return names
+
+
+# A header line of the rules naming an engine's bucket flag for a threshold that is none of its default bounds:
+# "#   sglang ttft 0.5 s: --bucket-time-to-first-token 0.1 0.2 0.4 0.5 ...".
+_BUCKET_FLAG = re.compile(r"^#\s+(\w+) (\w+) ([0-9.]+) s: (--[a-z-]+)((?: [0-9.]+)+)$")
+
+
+def listed_bucket_flags(path: Path = RULES) -> dict[tuple[str, str, float], tuple[str, tuple[float, ...]]]:
+    """(engine, signal, threshold) -> (flag, bounds) for every bucket flag the rules' header lists."""
+    found = {}
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        match = _BUCKET_FLAG.match(line)
+        if match:
+            engine, signal, threshold, flag, bounds = match.groups()
+            found[(engine, signal, float(threshold))] = (flag, tuple(float(b) for b in bounds.split()))
+    return found
 
 
 def label_matchers(expr: str, label: str) -> list[tuple[str, str]]:
@@ -232,4 +284,4 @@ def concrete(expr: str) -> str:
     """A dashboard expr with Grafana's variables replaced so Prometheus can run it."""
     for name, value in (("$__rate_interval", "1m"), ("$__interval", "15s"), ("$__range", "1h")):
         expr = expr.replace(name, value)
-    return re.sub(r"\$\{?(node|model|replica|gpu)\}?", ".*", expr)
+    return re.sub(r"\$\{?(node|engine|model|replica|gpu)\}?", ".*", expr)

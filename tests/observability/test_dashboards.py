@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from controlplane.policy.conditions import ErrorRateCondition, ThresholdCondition
 from controlplane.policy.policy import Policy
 from controlplane.policy_files import load_directory
+from engines import ADAPTERS
 from enginesim.metrics import EngineMetrics
 from pitstop.boards import build, dump
 from pitstop.boards.__main__ import main as generate
@@ -27,10 +28,13 @@ from pitstop.dashboards import load_dashboards, main, push_request
 from tests.observability.fake_grafana import FakeGrafana
 from tests.observability.rules import (
     DASHBOARDS,
+    ENGINE_PREFIXES,
     ROOT,
     RUNBOOK_BASE,
     alerts,
     dashboard_exprs,
+    engine_series,
+    engine_series_in,
     exported_series,
     load_rules,
     recorded_names,
@@ -42,10 +46,12 @@ TOKEN = "glsa_test-token"
 BOARDS = ("pitstop-fleet", "pitstop-gpu", "pitstop-replica")
 UNITS = {"s", "percentunit", "bytes", "watt", "celsius", "reqps", "short"}
 # Which of the dashboards' variables each family of series carries as a label (the agent's table in
-# agent/exporter.py, the pitstop-engines job's target labels on vllm:*, the recording rules' "by (model)").
-REPLICA_LABELS = {"node", "model", "replica"}
+# agent/exporter.py, the pitstop-engines job's target labels on vllm:* and sglang:*, the recording rules' "by
+# (model, engine)" and "by (model)").
+REPLICA_LABELS = {"node", "model", "replica", "engine"}
 CARRIES: tuple[tuple[str, set[str]], ...] = (
-    ("vllm:", REPLICA_LABELS), ("model:", {"model"}), ("pitstop_cp_", set()), ("pitstop_gpu_", {"node", "gpu"}),
+    *((prefix, REPLICA_LABELS) for prefix in ENGINE_PREFIXES), ("model_engine:", {"model", "engine"}),
+    ("model:", {"model"}), ("pitstop_cp_", set()), ("pitstop_gpu_", {"node", "gpu"}),
     ("pitstop_node_", {"node"}), ("pitstop_replica_", REPLICA_LABELS), ("pitstop_engine_", REPLICA_LABELS),
     ("pitstop_canary_", REPLICA_LABELS),
 )
@@ -141,10 +147,12 @@ def _objectives(policies: list[Policy]) -> dict[str, float]:
     return found
 
 
-TTFT = {"model:vllm_ttft_seconds:p99_1m", "model:vllm_ttft_seconds:p99_5m", "vllm:time_to_first_token_seconds_bucket",
+TTFT = {"model_engine:ttft_seconds:p99_1m", "model_engine:ttft_seconds:p99_5m",
+        *(name + "_bucket" for a in ADAPTERS.values() for name in a.sample_names("ttft")),
         "pitstop_canary_ttft_seconds"}
-ITL = {"model:vllm_itl_seconds:p99_1m", "model:vllm_itl_seconds:p99_5m", "vllm:inter_token_latency_seconds_bucket"}
-ERRORS = {"model:vllm_request_error_ratio:5m", "vllm:request_success_total"}
+ITL = {"model_engine:itl_seconds:p99_1m", "model_engine:itl_seconds:p99_5m",
+       *(name + "_bucket" for a in ADAPTERS.values() for name in a.sample_names("itl"))}
+ERRORS = {"model_engine:request_error_ratio:5m", *(n for a in ADAPTERS.values() for n in a.sample_names("errors"))}
 
 
 def _slo_thresholds(boards: Iterable[dict[str, Any]]) -> dict[str, set[float]]:
@@ -210,9 +218,9 @@ def test_a_changed_policy_threshold_moves_the_panels_at_the_next_generation() ->
 
 
 @pytest.mark.parametrize(("name", "variables"), [
-    ("pitstop-fleet", {"datasource", "node", "model", "replica"}),
+    ("pitstop-fleet", {"datasource", "node", "engine", "model", "replica"}),
     ("pitstop-gpu", {"datasource", "node", "gpu"}),
-    ("pitstop-replica", {"datasource", "node", "model", "replica"}),
+    ("pitstop-replica", {"datasource", "node", "engine", "model", "replica"}),
 ])
 def test_every_board_has_its_variables_with_all_as_a_regex(name: str, variables: set[str]) -> None:
     found = _variables(_board(name))
@@ -251,7 +259,7 @@ def _carried(metric: str) -> set[str]:
 
 
 def test_every_selector_filters_by_the_variables_of_its_board_and_alerts_are_selected_by_name() -> None:
-    # vLLM's series come from the engines' job alone: another job scraping vLLM would match "All" too.
+    # The engines' series come from the engines' job alone: another job scraping an engine would match "All" too.
     names = "|".join(sorted({a["alert"] for a in alerts(load_rules())}))
     problems = []
     for name in BOARDS:
@@ -270,7 +278,7 @@ def test_every_selector_filters_by_the_variables_of_its_board_and_alerts_are_sel
                         if sel.value("job") is not None or sel.value("node") not in ("$node", "$node|"):
                             problems.append(f"{where}: by job, or not narrowed by $node: {expr}")
                         continue
-                    if sel.metric.startswith("vllm:") and sel.value("job", "=") != "pitstop-engines":
+                    if sel.metric.startswith(ENGINE_PREFIXES) and sel.value("job", "=") != "pitstop-engines":
                         problems.append(f"{where}: not from the pitstop-engines job")
                     for label in sorted(_carried(sel.metric) & variables):
                         if sel.value(label) != f"${label}":
@@ -291,7 +299,8 @@ def _known_names() -> set[str]:
     engine = CollectorRegistry()  # the simulator's vLLM families, every sample name of them
     EngineMetrics(engine, model_name="m", max_model_len=2048, cache_info={"block_size": "16"})
     vllm = {sample.name for family in engine.collect() for sample in family.samples}
-    return exported_series() | vllm | recorded_names(load_rules()) | {"ALERTS", "up"}
+    # Every engine's figures as its adapter names them (SGLang's among them).
+    return exported_series() | vllm | engine_series() | recorded_names(load_rules()) | {"ALERTS", "up"}
 
 
 def unknown_names(exprs: Iterable[tuple[str, str]], known: set[str]) -> dict[str, set[str]]:
@@ -337,7 +346,7 @@ PROMTOOL = shutil.which("promtool")
 
 @pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian package prometheus)")
 def test_promtool_parses_every_panel_annotation_and_variable_query(tmp_path: Path) -> None:
-    values = {"node": "node-a", "model": ["m.1", "m2"], "replica": ".*", "gpu": "0"}
+    values = {"node": "node-a", "engine": ".*", "model": ["m.1", "m2"], "replica": ".*", "gpu": "0"}
     rules = []
     for path in DASHBOARDS:
         board = json.loads(path.read_text())
@@ -361,10 +370,10 @@ def test_substitute_writes_values_as_grafana_does() -> None:
 
 
 @pytest.mark.parametrize(("metric", "unit"), [
-    ("_celsius", "celsius"), ("_watts", "watt"), ("vllm:kv_cache_usage_perc", "percentunit"),
+    ("_celsius", "celsius"), ("_watts", "watt"), ("pitstop_engine_kv_cache_usage_ratio", "percentunit"),
     ("pitstop_gpu_utilization_ratio", "percentunit"), ("pitstop_replica_rss_bytes", "bytes"),
-    ("_seconds_bucket", "s"), ("model:vllm_ttft_seconds:", "s"), ("model:vllm_itl_seconds:", "s"),
-    ("model:vllm_e2e_seconds:", "s"), ("pitstop_canary_ttft_seconds", "s"),
+    ("_seconds_bucket", "s"), ("model_engine:ttft_seconds:", "s"), ("model_engine:itl_seconds:", "s"),
+    ("model_engine:e2e_seconds:", "s"), ("pitstop_canary_ttft_seconds", "s"),
 ])
 def test_units_fit_what_the_panels_show(metric: str, unit: str) -> None:
     shown = [(n, p) for n, p in _all_panels() if any(metric in name for name in _names(p))
@@ -487,15 +496,37 @@ def test_dashboards_carry_the_panels_an_sre_looks_for(name: str, titles: list[st
     assert missing == []
 
 
-def test_latency_comes_from_vllms_histograms_not_the_agents_window_gauges() -> None:
+def test_latency_comes_from_the_engines_histograms_not_the_agents_window_gauges() -> None:
     used = set().union(*(_names(p) for _, p in _all_panels()))
     assert not used & {"pitstop_engine_ttft_seconds", "pitstop_engine_itl_seconds", "pitstop_engine_e2e_p99_seconds",
                        "pitstop_engine_requests_per_second", "pitstop_engine_generation_tokens_per_second",
                        "pitstop_engine_errors_per_second"}
     replica = [e for _, e in dashboard_exprs(ROOT / "dashboards" / "pitstop-replica.json") if "histogram_quantile" in e]
     assert len(replica) >= 9
-    assert all(re.search(r"sum by \(le\) \(rate\(vllm:\w+_seconds_bucket\{[^}]*\}\[\$__rate_interval\]\)\)", e)
-               for e in replica)
+    for expr in replica:
+        # Summed by engine too: two engines' bucket bounds are never added together.
+        assert expr.startswith("histogram_quantile(0.") and ", sum by (le, engine) (rate(" in expr, expr
+        assert re.search(r"\[\$__rate_interval\]\)+$", expr), expr
+
+
+def test_no_panel_reads_one_engine_alone() -> None:
+    # A panel on an engine's own series reads every engine's, each by its adapter's names, and counts SGLang's
+    # tensor and pipeline copies once; gauges every engine has come from the agent (pitstop_engine_*).
+    problems = []
+    for name, panel in _all_panels():
+        for expr in _exprs(panel):
+            read = engine_series_in(expr)
+            if not read:
+                continue
+            for adapter in ADAPTERS.values():
+                mine = {n for n in read if n.startswith(adapter.metric_prefix)}
+                known = {n + s for m in adapter.metrics for n in m.names for s in ("", "_bucket", "_count", "_sum")}
+                if not mine or not mine <= known:
+                    problems.append(f"{name} / {panel['title']}: {adapter.name} reads {sorted(mine)}")
+                copies = f"max without ({', '.join(sorted(adapter.copy_labels))})"
+                if adapter.copy_labels and copies not in expr:
+                    problems.append(f"{name} / {panel['title']}: {adapter.name}'s copies are counted per rank")
+    assert problems == []
 
 
 def test_the_gpu_temperature_panel_plots_the_gpus_own_threshold_not_a_constant() -> None:

@@ -125,10 +125,11 @@ def test_every_panel_of_every_dashboard_returns_data_on_a_live_fleet(tmp_path: P
         wait_until(lambda: _has(prom, 'ALERTS{alertname="GPUHot", alertstate="firing"}'), 90, interval=1,
                    what="GPUHot firing for the hot GPU")
         wait_until(lambda: _has(prom, "pitstop_gpu_xid_errors_total"), 60, interval=1, what="the XID counted")
-        wait_until(lambda: _has(prom, "model:vllm_itl_seconds:p99_1m") and _has(prom, "model:vllm_e2e_seconds:p99_5m"),
+        wait_until(lambda: _has(prom, "model_engine:itl_seconds:p99_1m")
+                   and _has(prom, "model_engine:e2e_seconds:p99_5m"),
                    60, interval=1, what="the latency recording rules evaluated")
 
-        concrete = {"node": NODE, "model": MODEL, "replica": "r0", "gpu": "0"}
+        concrete = {"node": NODE, "model": MODEL, "replica": "r0", "gpu": "0", "engine": "vllm"}
         every = {name: ".*" for name in concrete}
         missing: list[str] = []
 

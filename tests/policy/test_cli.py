@@ -84,3 +84,14 @@ def test_pitstop_policy_command_runs_end_to_end(tmp_path):
     explained = subprocess.run([sys.executable, "-m", "pitstop.cli", "policy", "explain", "--snapshot", str(snapshot),
                                 "--no-evidence"], capture_output=True, text=True, timeout=60)
     assert explained.returncode == 0 and "[ALLOW] cordon node:n2" in explained.stdout
+
+
+def test_check_notes_a_ttft_target_an_engines_buckets_cannot_resolve(tmp_path, capsys):
+    fast = tmp_path / "fast.yaml"
+    fast.write_text("name: ttft-fast\ncondition: {detector: threshold, signal: ttft_p99_seconds, op: '>', "
+                    "threshold: 0.05, for: 2m}\naction: {kind: alert}\n")
+    assert main(["check", str(fast)]) == 0  # a note, not an error: vLLM resolves it, SGLang can be told to
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"note: {fast}: policy ttft-fast: ttft_p99_seconds threshold 0.05 s is below SGLang's lowest "
+                   "TTFT bucket (0.1 s): on SGLang replicas start SGLang with --bucket-time-to-first-token bounds "
+                   "that include it", "ok: 1 policies in 1 file(s)"]

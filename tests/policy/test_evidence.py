@@ -38,9 +38,9 @@ def test_the_chance_one_bucket_beats_another_is_what_drawing_from_them_gives(x, 
 
 def test_a_canary_like_its_peers_sits_at_one_half_and_a_slower_one_above():
     rng = random.Random(1)
-    peers = pool([v for _, v in stream(rng, T0, 6, median=0.06)], "itl")
-    same = pool([v for _, v in stream(rng, T0, 6, median=0.06)], "itl")
-    slow = pool([v for _, v in stream(rng, T0, 6, median=0.09)], "itl")
+    peers = pool(stream(rng, T0, 6, median=0.06), "itl")
+    same = pool(stream(rng, T0, 6, median=0.06), "itl")
+    slow = pool(stream(rng, T0, 6, median=0.09), "itl")
     assert rank_test("itl", peers, peers, 1.0).effect == pytest.approx(0.5)  # exactly, by symmetry
     assert rank_test("itl", same, peers, 1.0).effect == pytest.approx(0.5, abs=0.06)
     assert rank_test("itl", slow, peers, 1.1).effect > 0.65  # 1.5 times slower, in coarse buckets
@@ -51,15 +51,15 @@ def test_a_canary_like_its_peers_sits_at_one_half_and_a_slower_one_above():
 def test_inter_token_latency_counts_engine_steps_not_tokens():
     # 6 windows of 40 steps with 8 requests each: 1,920 tokens, 240 independent draws.
     rng = random.Random(2)
-    with_steps = pool([v for _, v in stream(rng, T0, 6, median=0.06)], "itl")
+    with_steps = pool(stream(rng, T0, 6, median=0.06), "itl")
     assert with_steps.total == 6 * 40 * 8 and with_steps.n("itl") == 6 * 40
     # Without a step count (an engine lacking vllm:iteration_tokens_total) the tokens are no evidence at all:
     # counted as independent they would give verdicts on noise.
-    without = pool([v for _, v in stream(rng, T0, 6, median=0.06, with_steps=False)], "itl")
+    without = pool(stream(rng, T0, 6, median=0.06, with_steps=False), "itl")
     assert without.steps is None and without.n("itl") is None
     assert rank_test("itl", with_steps, without, 1.0) is None
-    verdict = judge_evidence([v for _, v in stream(rng, T0, 6, median=0.2, with_steps=False)],
-                             [[v for _, v in stream(rng, T0, 6, median=0.06, with_steps=False)]], since=T0,
+    verdict = judge_evidence(stream(rng, T0, 6, median=0.2, with_steps=False),
+                             [stream(rng, T0, 6, median=0.06, with_steps=False)], since=T0,
                              baseline_since=T0, latencies=ITL, ratio=1.1, max_throughput_drop=0.25, alpha=0.05,
                              looks=24)
     assert verdict.verdict == "wait" and "no step count" in verdict.reason
@@ -73,8 +73,7 @@ def test_a_window_is_counted_once_however_many_reports_carry_it():
 
 
 def test_windows_with_other_bounds_still_pool():
-    upgraded = window(T0 + SCRAPE, [0.06] * 30, steps=30)
-    upgraded["window"]["itl"] = {"bounds": [0.05, 0.1], "counts": [0.0, 30.0, 0.0]}
+    upgraded = window(T0 + SCRAPE, [0.06] * 30, steps=30, itl_bounds=(0.05, 0.1))
     pooled = pool([window(T0, [0.06] * 30, steps=30), upgraded], "itl")
     assert pooled.total == 60 and set(pooled.buckets) == {(0.05, 0.075), (0.05, 0.1)}
 
@@ -130,8 +129,8 @@ def test_the_judge_waits_for_enough_observations_and_says_so():
 
 def test_a_canary_that_lost_too_much_throughput_fails_even_with_better_latency():
     rng = random.Random(14)
-    mine = [v for _, v in stream(rng, T0, 4, median=0.04, tps=50)]
-    theirs = [[v for _, v in stream(rng, T0, 4, median=0.06, tps=100)]]
+    mine = stream(rng, T0, 4, median=0.04, tps=50)
+    theirs = [stream(rng, T0, 4, median=0.06, tps=100)]
     verdict = judge_evidence(mine, theirs, since=T0, baseline_since=T0, latencies=ITL, ratio=1.1,
                              max_throughput_drop=0.25, alpha=0.05, looks=24)
     assert verdict.verdict == "fail" and "generation_tokens_per_second" in verdict.reason

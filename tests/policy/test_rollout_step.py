@@ -41,6 +41,7 @@ from controlplane.policy.rollout import (
     start,
     step,
 )
+from controlplane.policy.signals import ReplicaSample
 from tests.policy.windows import SCRAPE, engine_steps, stream, window
 
 T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -67,16 +68,15 @@ def capped(asked: int | None = None, *, active: bool = True) -> LiveLimits:
                       asked=asked, cap=asked or 64)
 
 
-def seen(*views: ReplicaView, samples: Mapping[str, list[tuple[datetime, dict[str, float]]]] | None = None
-         ) -> Observed:
+def seen(*views: ReplicaView, samples: Mapping[str, list[ReplicaSample]] | None = None) -> Observed:
     return Observed(replicas={v.key: v for v in views}, samples=samples or {})
 
 
 def readings(since: datetime, n: int = 6, *, itl: float, ttft: float = 0.3, tps: float = 100.0
-             ) -> list[tuple[datetime, dict[str, float]]]:
+             ) -> list[ReplicaSample]:
     """``n`` samples ten seconds apart from ``since``, as the agents report them."""
-    return [(since + timedelta(seconds=10 * i), {"itl_p99_seconds": itl, "ttft_p99_seconds": ttft,
-                                                  "generation_tokens_per_second": tps}) for i in range(n)]
+    return [ReplicaSample(at=since + timedelta(seconds=10 * i), itl_p99_seconds=itl, ttft_p99_seconds=ttft,
+                          generation_tokens_per_second=tps) for i in range(n)]
 
 
 RESTART_2 = RollingRestartPayload(batch_size=2)
@@ -410,7 +410,7 @@ def test_a_canary_still_undecided_keeps_its_evidence_in_the_plan_for_the_console
 def test_a_window_that_straddles_the_cap_is_not_evidence() -> None:
     # The cap took at T0 + 1 min; a window from 2 s before it holds requests served at the old cap.
     rng = random.Random(6)
-    straddling = [(T0 + MIN + 3 * SEC, window(T0 + MIN + 3 * SEC, engine_steps(rng, 400, 8, 0.2), steps=400))]
+    straddling = [window(T0 + MIN + 3 * SEC, engine_steps(rng, 400, 8, 0.2), steps=400)]
     observed = seen(view(K0, live=capped(32)), view(K1, live=capped()),
                     samples={K0: straddling, K1: stream(rng, T0 + MIN, 1, median=0.06, steps=400)})
     done = step(LIVE, LIVE_JUDGED, MODEL, observed, T0 + MIN + 10 * SEC, DEFAULTS)

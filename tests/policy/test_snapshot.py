@@ -1,6 +1,6 @@
 from agent.wire import EngineSample, EngineWindow, ProcessSample, ReplicaState, ReplicaStatus, WindowHistogram
 from controlplane.policy.engine_args import flags_key, get_int_flag, set_flag
-from controlplane.policy.snapshot import NOT_SERIES, REPLICA_SAMPLE_FIELDS, sample_from_status
+from controlplane.policy.signals import from_stored, sample_from_status, stored_values
 from tests.policy.series import at, replica
 
 
@@ -18,14 +18,6 @@ def test_replica_knows_its_max_num_seqs():
     assert replica(args=[]).max_num_seqs is None
 
 
-def test_history_samples_mirror_the_wire_field_names():
-    # Every engine and process figure an agent reports has a home in the policy engine's samples, so the
-    # store copies across without a mapping table. Fields that are not time series are listed here.
-    wire = set(EngineSample.model_fields) - NOT_SERIES
-    wire |= {"rss_bytes", "gpu_memory_bytes"} & set(ProcessSample.model_fields)
-    assert wire <= REPLICA_SAMPLE_FIELDS
-
-
 def test_sample_from_a_reported_status():
     status = ReplicaStatus(name="r1", model="m", url="http://127.0.0.1:8000", state=ReplicaState.READY, ready=True,
                            state_since=at(0), engine_args=["--max-num-seqs", "96"],
@@ -37,23 +29,18 @@ def test_sample_from_a_reported_status():
     assert (sample.ttft_p99_seconds, sample.generation_tokens_total) == (0.42, 1e6)
     assert (sample.rss_bytes, sample.gpu_memory_bytes, sample.canary_ok, sample.max_num_seqs) == (123, 456, False, 96)
     assert sample.generation == status.generation and sample.flags_key == flags_key([])
-    # The window's histograms stay in the store's values for the canary judge, out of the history.
-    from controlplane.fleet.ingest import replica_series_values
-    from controlplane.remediation.history import replica_sample
-
-    values = replica_series_values(status)
-    assert values["window"]["itl"]["counts"] == [30.0, 10.0, 0.0] and values["window"]["steps"] == 40.0
-    assert replica_sample(at(10), values).ttft_p99_seconds == 0.42
+    # The window's histograms are read back for the canary judge, and left out of the leader's history cache.
+    assert sample.window is not None and sample.window.itl is not None and sample.window.steps == 40.0
+    assert sample.window.itl.counts == [30.0, 10.0, 0.0]
+    cached = from_stored(at(10), stored_values(status))
+    assert cached.ttft_p99_seconds == 0.42 and cached.window is None
 
 
 def test_a_wedged_replicas_lost_requests_reach_its_samples_through_the_store_and_directly():
-    from controlplane.fleet.ingest import replica_series_values
-    from controlplane.remediation.history import replica_sample
-
     status = ReplicaStatus(name="r1", model="m", url="http://127.0.0.1:8000", state=ReplicaState.WEDGED,
                            ready=False, state_since=at(0), canary_ok=False, requests_in_flight_at_wedge=3)
     assert sample_from_status(at(10), status).requests_lost == 3
-    assert replica_sample(at(10), replica_series_values(status)).requests_lost == 3
+    assert from_stored(at(10), stored_values(status)).requests_lost == 3
     # Left off the wire while unset: a control plane that predates the field reads every other report as before.
     ready = status.model_copy(update={"state": ReplicaState.READY, "requests_in_flight_at_wedge": None})
     assert "requests_in_flight_at_wedge" not in ready.model_dump()

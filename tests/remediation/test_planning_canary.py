@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from controlplane.policy.canary import judge_canary
+from controlplane.policy.signals import ReplicaSample
 from controlplane.remediation.planning import plan_restart, restart_deadline
 from tests.controlplane.fixtures import T0
 
@@ -62,8 +64,8 @@ def test_the_deadline_comes_before_projected_exhaustion() -> None:
     assert restart_deadline(T0, 3600, seconds_to_limit=None) == T0 + timedelta(hours=1)
 
 
-def _samples(ttft: float, itl: float, tps: float, n: int = 5) -> list[dict[str, float]]:
-    return [{"ttft_p99_seconds": ttft, "itl_p99_seconds": itl, "generation_tokens_per_second": tps}] * n
+def _samples(ttft: float, itl: float, tps: float, n: int = 5) -> list[ReplicaSample]:
+    return [ReplicaSample(at=T0, ttft_p99_seconds=ttft, itl_p99_seconds=itl, generation_tokens_per_second=tps)] * n
 
 
 def test_a_canary_no_worse_than_its_peers_passes() -> None:
@@ -101,14 +103,14 @@ def test_one_burst_in_the_window_does_not_fail_a_canary_that_was_better_in_nearl
     # Per-scrape ITL p99 readings: the canary (a smaller batch) sits near 40 ms with one reconnect wave
     # lifting three readings to 170-300 ms (its mean 14 % over the peer's); its peer at a larger batch reads
     # 50-140 ms with its own bursts.
-    canary = [{"itl_p99_seconds": v, "generation_tokens_per_second": 2100.0}
+    canary = [ReplicaSample(at=T0, itl_p99_seconds=v, generation_tokens_per_second=2100.0)
               for v in (0.037, 0.025, 0.037, 0.09, 0.300, 0.290, 0.174, 0.044, 0.037, 0.044, 0.038, 0.037)]
-    peer = [{"itl_p99_seconds": v, "generation_tokens_per_second": 2800.0}
+    peer = [ReplicaSample(at=T0, itl_p99_seconds=v, generation_tokens_per_second=2800.0)
             for v in (0.092, 0.065, 0.048, 0.132, 0.142, 0.133, 0.092, 0.091, 0.049, 0.048, 0.047, 0.075)]
     verdict = judge_canary(canary, [peer], 0.1, 0.35, ["itl_p99_seconds"])
     assert verdict.verdict == "pass", verdict.reason
     assert verdict.figures["canary_itl_p99_seconds"] == pytest.approx(0.041)
     assert verdict.figures["peers_itl_p99_seconds"] == pytest.approx(0.083)
     # Worse in most readings is worse, whatever the odd good one.
-    slow = [{**c, "itl_p99_seconds": 0.12} for c in canary[:9]] + canary[9:]
+    slow = [replace(c, itl_p99_seconds=0.12) for c in canary[:9]] + canary[9:]
     assert judge_canary(slow, [peer], 0.1, 0.35, ["itl_p99_seconds"]).verdict == "fail"

@@ -43,10 +43,12 @@ def render(console: frame.Console, reader: Reader) -> None:
                 path=path, body={"kind": "rolling_restart"}, previewable=True))
             if console.identity.can_act:
                 # Tried on one replica first and judged beside its peers, as the governor's own changes are.
-                value = st.number_input("--max-num-seqs, canary first", min_value=1, max_value=65536, value=64,
+                # The engine's own flag: vLLM's --max-num-seqs, SGLang's --max-running-requests.
+                flag = model.get("governed_flag") or "running limit"
+                value = st.number_input(f"{flag}, canary first", min_value=1, max_value=65536, value=64,
                                         step=16, key=f"mns-value:{card['model']}")
                 confirm.action(console, Request(
-                    key=f"mns:{card['model']}", label=f"Set --max-num-seqs {int(value)} on {card['model']}",
+                    key=f"mns:{card['model']}", label=f"Set {flag} {int(value)} on {card['model']}",
                     method="POST", path=path, body={"kind": "set_max_num_seqs", "max_num_seqs": int(value)},
                     previewable=True))
     elsewhere = overview.firing_by_model(firing).get("", [])
