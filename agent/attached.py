@@ -37,7 +37,7 @@ class AttachedReplica:
         self.process: ProcessSample | None = None
         self.canary_ttft: float | None = None
         self.canary_ok: bool | None = None
-        self.canary_aborts_total = 0  # canaries cut at their deadline: aborted requests in vLLM's counter
+        self.canary_aborts_total = 0  # canaries cut at their deadline: aborted requests in the engine's counter
         self._stop = asyncio.Event()
         self.progress = ProgressWatch(needed=wedge_canaries)
         self.wedged = False

@@ -5,7 +5,9 @@ EngineCore publishes nothing: ``num_requests_running`` and ``num_requests_waitin
 values) while clients' requests hang (vLLM PR #46811). Gauges can lie; two things cannot:
 
 - a canary completion, which either finishes within its deadline or does not, and
-- ``vllm:generation_tokens_total``, read just before and just after each canary: a frozen core adds nothing.
+- the engine's generated-tokens counter (its adapter's ``generation_tokens``: vLLM's
+  ``vllm:generation_tokens_total``, SGLang's realtime decode tokens), read just before and just after each canary:
+  a frozen core adds nothing.
 
 The table (``docs/design.md``, "Progress"):
 

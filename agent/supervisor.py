@@ -74,7 +74,7 @@ class ReplicaSupervisor:
         self.process: ProcessSample | None = None
         self.canary_ttft: float | None = None
         self.canary_ok: bool | None = None
-        self.canary_aborts_total = 0  # canaries cut at their deadline: aborted requests in vLLM's counter
+        self.canary_aborts_total = 0  # canaries cut at their deadline: aborted requests in the engine's counter
         self.warmup_ttfts: list[float] = []
         self._backoff_until = 0.0
         self._wake = asyncio.Event()

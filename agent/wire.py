@@ -185,7 +185,7 @@ class EngineWindow(_Wire):
 
     ended_at: Moment  # the agent's clock at the scrape that closed the window
     seconds: NonNegative
-    steps: NonNegative | None = None  # engine iterations (vllm:iteration_tokens_total's count) in the window
+    steps: NonNegative | None = None  # engine iterations in the window (vLLM: iteration_tokens_total's count)
     ttft: WindowHistogram | None = None
     itl: WindowHistogram | None = None
 
