@@ -163,6 +163,7 @@ def test_start_warm_ready(real: Harness) -> None:
 
 
 def test_parses_real_engine_metrics(real: Harness) -> None:
+    real.wait_state("READY")  # requests sent before it would fail: the test must not lean on the one before it
     results: list[dict[str, Any]] = []
 
     def ttft_seen() -> bool:
