@@ -94,6 +94,27 @@ async def _stream(ctx: ServingContext, req: GenerationRequest, handle: RequestHa
             engine.abort(handle)  # the client went away
 
 
+def metrics_response(request: Request, registry: CollectorRegistry) -> Response:
+    """``/metrics`` as both engines serve it, with prometheus_client: only the samples named by ``name[]`` when a
+    scrape gives any (the agent's do)."""
+    names = request.query_params.getlist("name[]")
+    chosen = registry.restricted_registry(names) if names else registry
+    return Response(generate_latest(chosen), media_type=CONTENT_TYPE_LATEST)
+
+
+def openai_routes(ctx: ServingContext) -> list[Route]:
+    """The OpenAI completion endpoints, which both engines serve alike here."""
+
+    async def completions(request: Request) -> Response:
+        return await generate(ctx, request, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(ctx, request, chat=True)
+
+    return [Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+
+
 async def generate(ctx: ServingContext, request: Request, *, chat: bool) -> Response:
     """Answer one /v1/completions (``chat`` False) or /v1/chat/completions request."""
     arrival = ctx.engine.clock.now()
@@ -177,22 +198,11 @@ def create_app(ctx: ServingContext) -> Starlette:
         return JSONResponse({"object": "list", "data": data})
 
     async def metrics(request: Request) -> Response:
-        # vLLM serves /metrics with prometheus_client's ASGI app, which sends only the samples named by
-        # ``name[]`` when a scrape gives any (the agent's do); the same here.
-        names = request.query_params.getlist("name[]")
-        registry = ctx.registry.restricted_registry(names) if names else ctx.registry
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    async def completions(request: Request) -> Response:
-        return await generate(ctx, request, chat=False)
-
-    async def chat_completions(request: Request) -> Response:
-        return await generate(ctx, request, chat=True)
+        return metrics_response(request, ctx.registry)
 
     routes = [Route("/health", health, methods=["GET"]), Route("/version", version, methods=["GET"]),
               Route("/v1/models", models, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
-              Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+              *openai_routes(ctx)]
     return Starlette(routes=routes, exception_handlers={HTTPException: json_http_error})
 
 

@@ -17,7 +17,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from enginesim.api import ServingContext, generate, json_http_error
+from enginesim.api import ServingContext, json_http_error, metrics_response, openai_routes
 from enginesim.engine import EngineDeadError
 from enginesim.exposition import exposition_registry
 from enginesim.server import log
@@ -110,21 +110,11 @@ def create_app(ctx: ServingContext, state: SglangState) -> ASGIApp:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def metrics(request: Request) -> Response:
-        names = request.query_params.getlist("name[]")
-        registry = state.exposition.restricted_registry(names) if names else state.exposition
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    async def completions(request: Request) -> Response:
-        return await generate(ctx, request, chat=False)
-
-    async def chat_completions(request: Request) -> Response:
-        return await generate(ctx, request, chat=True)
-
+        return metrics_response(request, state.exposition)
     routes = [Route("/health", health, methods=["GET"]), Route("/health_generate", health, methods=["GET"]),
               Route("/ready", ready, methods=["GET"]), Route("/get_model_info", model_info, methods=["GET"]),
               Route("/model_info", model_info, methods=["GET"]), Route("/v1/models", models, methods=["GET"]),
-              Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+              *openai_routes(ctx)]
     if state.options.enable_metrics:
         routes.append(Route("/metrics", metrics, methods=["GET"]))
     app = Starlette(routes=routes, exception_handlers={HTTPException: json_http_error})
