@@ -48,7 +48,8 @@ def test_replica_becomes_ready_and_is_observed(start_agent: Callable[..., AgentP
     r = agent.replica("r1")
     assert r["process"]["rss_bytes"] > 0
     metrics = probe.get(f"{agent.url}/metrics").text
-    assert 'pitstop_replica_state{engine="vllm",model="tiny",node="test-node",replica="r1",state="READY"} 1.0' in metrics
+    assert ('pitstop_replica_state{engine="vllm",model="tiny",node="test-node",replica="r1",state="READY"} 1.0'
+            in metrics)
 
 
 def test_kill_9_of_the_engine_backs_off_then_recovers(start_agent: Callable[..., AgentProcess]) -> None:
@@ -265,7 +266,8 @@ def test_a_wedged_engine_reads_healthy_but_the_agent_takes_it_out_of_rotation(
     assert probe.get(f"{agent.url}/v1/replicas/r1/ready").status_code == 503
     assert probe.get(f"http://127.0.0.1:{spec['port']}/health").status_code == 200
     metrics = probe.get(f"{agent.url}/metrics").text
-    assert 'pitstop_replica_state{engine="vllm",model="tiny",node="test-node",replica="r1",state="WEDGED"} 1.0' in metrics
+    assert ('pitstop_replica_state{engine="vllm",model="tiny",node="test-node",replica="r1",state="WEDGED"} 1.0'
+            in metrics)
     time.sleep(3)  # it stays out: only a restart brings it back
     assert agent.replica("r1")["state"] == "WEDGED"
 

@@ -179,7 +179,8 @@ def test_parses_real_engine_metrics(real: Harness) -> None:
     assert engine["generation_tokens_total"] >= 16 * len(results)
     assert 0 <= engine["kv_cache_usage_ratio"] <= 1
     metrics = probe.get(f"{real.agent.url}/metrics").text
-    assert 'pitstop_engine_ttft_seconds{engine="vllm",model="tiny",node="test-node",quantile="0.5",replica="tiny-0"}' in metrics
+    assert ('pitstop_engine_ttft_seconds{engine="vllm",model="tiny",node="test-node",quantile="0.5",replica="tiny-0"}'
+            in metrics)
 
 
 def test_real_streaming_canary(real: Harness) -> None:
