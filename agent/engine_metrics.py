@@ -67,8 +67,8 @@ def parse_metrics(text: str, at: float, model: str | None = None,
     What is summed, on purpose: a name's distinct series, i.e. the data-parallel ranks (vLLM's ``engine``
     label, SGLang's ``dp_rank``) and, for ``requests``, the finished reasons; histogram buckets per ``le``
     likewise. What counts once: series that differ only in a label the adapter names a copy (tensor and pipeline
-    ranks report one batch each): the largest of them. What is never summed: one series sent twice, or a body
-    past ``prom_lines.MAX_SAMPLES`` wanted samples (an engine streaming the same lines without end read
+    ranks report one batch each): the lowest rank's (``_one_copy``). What is never summed: one series sent twice,
+    or a body past ``prom_lines.MAX_SAMPLES`` wanted samples (an engine streaming the same lines without end read
     3,679,000 requests running): both are a ``MetricsParseError``.
 
     Only the table's sample lines are parsed (``agent.prom_lines``): at a 1 s scrape of 8 engines,

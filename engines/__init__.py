@@ -17,7 +17,6 @@ from engines.vllm import VLLM
 ADAPTERS: dict[str, EngineAdapter] = {a.name: a for a in (VLLM, SGLANG)}
 DEFAULT_ENGINE: EngineName = "vllm"
 DEFAULT_ADAPTER = VLLM  # replicas that name no engine run vLLM, as before engines had names
-ENGINE_NAMES: tuple[EngineName, ...] = ("vllm", "sglang")
 
 
 def adapter(name: str | None) -> EngineAdapter:
@@ -33,5 +32,5 @@ def governed_flags() -> frozenset[str]:
     return frozenset(a.governed_flag for a in ADAPTERS.values())
 
 
-__all__ = ["ADAPTERS", "DEFAULT_ADAPTER", "DEFAULT_ENGINE", "ENGINE_NAMES", "SGLANG", "VLLM", "EngineAdapter",
+__all__ = ["ADAPTERS", "DEFAULT_ADAPTER", "DEFAULT_ENGINE", "SGLANG", "VLLM", "EngineAdapter",
            "EngineMetric", "EngineName", "Kind", "Probes", "Rungs", "Shutdown", "adapter", "governed_flags"]
