@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -155,42 +156,119 @@ def server(url: str, port: int, workdir: Path) -> Iterator[subprocess.Popen[byte
         log.close()
 
 
+# Signals that are counts or settings: jittered as whole numbers, or not at all, as an engine reports them.
+_WHOLE = {"requests_running", "requests_waiting", "generation_tokens_total", "preemptions_total", "rss_bytes",
+          "gpu_memory_bytes", "memory_used_bytes", "xid_events_total", "ecc_uncorrected_total", "power_watts",
+          "temperature_celsius"}
+_FIXED = {"generation", "max_num_seqs", "flags_key", "canary_ok", "live_cap"}
+_VARIANTS = 97
+
+
+# vLLM's default bucket bounds (tests/fixtures/vllm-0.32.0-cpu): TTFT, and inter-token latency.
+_TTFT_BOUNDS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0]
+_ITL_BOUNDS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0]
+
+
+def _window(rng: random.Random, ended: datetime) -> dict[str, object]:
+    """A scrape window as the store keeps it (``EngineWindow`` as JSON): 10 to 30 requests' TTFTs and a few
+    thousand inter-token latencies, in vLLM's buckets."""
+    ttft, itl = [0.0] * (len(_TTFT_BOUNDS) + 1), [0.0] * (len(_ITL_BOUNDS) + 1)
+    for _ in range(rng.randint(10, 30)):
+        ttft[rng.randint(6, 11)] += 1
+    for i in range(5):
+        itl[i] = float(rng.randint(0, 1500))
+    return {"ended_at": ended.isoformat().replace("+00:00", "Z"), "seconds": 5.0, "steps": float(rng.randint(300, 500)),
+            "ttft": {"bounds": _TTFT_BOUNDS, "counts": ttft}, "itl": {"bounds": _ITL_BOUNDS, "counts": itl}}
+
+
+def _variants(values: dict[str, object], seed: int, windows: bool = False) -> list[dict[str, object]]:
+    """``_VARIANTS`` copies of one subject's values, each reading jittered as a live engine's would be (seeded),
+    a replica's with its scrape window: the store's size depends on the values it holds, and identical ones would
+    compress to almost nothing."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(_VARIANTS):
+        copy: dict[str, object] = {}
+        for name, value in values.items():
+            if isinstance(value, float) and name not in _FIXED:
+                jittered = value * rng.uniform(0.8, 1.2)
+                copy[name] = float(round(jittered)) if name in _WHOLE else jittered
+            else:
+                copy[name] = value
+        if windows:
+            copy["window"] = _window(rng, datetime.now(UTC) - timedelta(seconds=rng.uniform(0, 3600)))
+        out.append(copy)
+    return out
+
+
 def seed_history(url: str, agents: int, gpus: int, replicas: int, interval: float, minutes: float) -> int:
-    """Fill the samples table with ``minutes`` of history for the whole fleet, as if agents had reported every
+    """Fill the samples store with ``minutes`` of history for the whole fleet, as if agents had reported every
     ``interval`` seconds, so the policy rounds carry a production-sized window (15 minutes is about 2.9
-    million rows at 1,000 nodes). Written in bulk: replaying it through the API would take longer than the
-    benchmark."""
+    million samples at 1,000 nodes); the number of samples written. Written in bulk: replaying it through the
+    API would take longer than the benchmark. Readings are jittered (``_variants``).
+
+    Stores of the layout before packed rows (one JSON row per subject) are seeded too, so the two can be
+    measured side by side on the same readings."""
     from sqlalchemy import insert
 
     from controlplane.fleet.ingest import gpu_series_values
     from controlplane.policy.signals import stored_values
+    from controlplane.store import models
     from controlplane.store.db import make_engine, migrate
-    from controlplane.store.models import Sample
 
     engine = make_engine(url)
     migrate(engine)
     now = datetime.now(UTC)
     template = node_report("node-0000", gpus, replicas, 1, now)
-    gpu_values = [gpu_series_values(g) for g in template.gpus]
-    replica_values = [stored_values(r) for r in template.replicas]
+    subjects = ([("gpu", str(g.index), _variants(gpu_series_values(g), 1000 + g.index)) for g in template.gpus]
+                + [("replica", r.name, _variants(stored_values(r), k, windows=True))
+                   for k, r in enumerate(template.replicas)])
+    packed = hasattr(models, "NodeSamples")
     steps = int(minutes * 60 / interval)
     written = 0
     try:
         for step in range(steps, 0, -1):
-            rows = []
+            rows: list[dict[str, object]] = []
             for i in range(agents):
                 node = f"node-{i:04d}"
                 at = now - timedelta(seconds=step * interval - interval * i / agents)
-                rows += [{"node": node, "subject_kind": "gpu", "subject": str(k), "at": at, "resolution_seconds": 0,
-                          "values": v} for k, v in enumerate(gpu_values)]
-                rows += [{"node": node, "subject_kind": "replica", "subject": f"r{k}", "at": at,
-                          "resolution_seconds": 0, "values": v} for k, v in enumerate(replica_values)]
+                items = [(kind, name, pool[(i * 7 + step * 13 + k) % _VARIANTS])
+                         for k, (kind, name, pool) in enumerate(subjects)]
+                if packed:
+                    from controlplane.store.samples import node_row
+                    rows.append(node_row(node, at, items) or {})
+                else:
+                    rows += [{"node": node, "subject_kind": kind, "subject": name, "at": at,
+                              "resolution_seconds": 0, "values": values} for kind, name, values in items]
+                written += len(items)
             with engine.begin() as conn:
-                conn.execute(insert(Sample), rows)
-            written += len(rows)
+                conn.execute(insert(models.NodeSamples if packed else models.Sample), rows)  # type: ignore[attr-defined]
     finally:
         engine.dispose()
     return written
+
+
+def store_bytes(url: str) -> int:
+    """What the samples store takes on disk: the SQLite database with its write-ahead log, or PostgreSQL's samples
+    table with its indexes and TOAST."""
+    from sqlalchemy import text
+
+    from controlplane.store import models
+    from controlplane.store.db import make_engine
+
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+    table = "node_samples" if hasattr(models, "NodeSamples") else "samples"
+    engine = make_engine(url)
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f"VACUUM ANALYZE {table}"))  # dead tuples of the seed's own writes are not the store
+            return int(conn.execute(text(f"SELECT pg_total_relation_size('{table}')")).scalar_one())
+    finally:
+        engine.dispose()
 
 
 def policy_round_stats(base: str) -> dict[str, float]:
@@ -393,6 +471,12 @@ def main() -> int:
             seeded_at = time.perf_counter()
             seeded = seed_history(url, args.agents, args.gpus, args.replicas, args.interval, args.history_minutes)
             seed_s = time.perf_counter() - seeded_at
+            stored = store_bytes(url)
+            replica_readings = seeded * args.replicas // max(1, args.replicas + args.gpus)
+            size = {"store_bytes": stored, "bytes_per_sample": round(stored / max(1, seeded), 1),
+                    # Every byte (the GPUs' samples included) charged to the replicas' readings.
+                    "bytes_per_replica_reading": round(stored / max(1, replica_readings), 1),
+                    "bytes_per_replica_hour": round(stored / max(1, replica_readings) * 3600 / args.interval)}
             port = free_port()
             base = f"http://127.0.0.1:{port}"
 
@@ -432,8 +516,8 @@ def main() -> int:
                 # The standalone pass (its split into snapshot and evaluation) once: it reads the whole window
                 # again, and the server's own rounds above already give the pass time of every run.
                 passed = {} if args.no_policy_pass or run > 0 else policy_pass(url, one_interval)
-            result = {"run": run + 1, "backend": args.backend, "seeded_rows": seeded, "seed_s": round(seed_s, 1),
-                      **load, **passed}
+            result = {"run": run + 1, "backend": args.backend, "seeded_samples": seeded, "seed_s": round(seed_s, 1),
+                      **size, **load, **passed}
             print(json.dumps(result), flush=True)
             results.append(result)
     # Medians over what every run measured (the standalone pass is the first run's only).

@@ -17,13 +17,14 @@ from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.config import ServerConfig
 from controlplane.policy.signals import ROLLUPS, Rollup
 from controlplane.store.db import session_scope
-from controlplane.store.models import Sample
+from controlplane.store.models import NodeSamples
+from controlplane.store.samples import node_row, readable
 
 log = logging.getLogger(__name__)
 BUCKET_SECONDS = 60
@@ -62,24 +63,33 @@ class PruneResult:
 
 def prune_samples(*, session: Session, now: datetime, full_resolution: timedelta, retention: timedelta,
                   width: int = BUCKET_SECONDS) -> PruneResult:
-    """Delete samples past ``retention``; fold raw samples older than ``full_resolution`` into buckets."""
-    expired = session.execute(delete(Sample).where(Sample.at < now - retention))
+    """Delete samples past ``retention``; fold raw samples older than ``full_resolution`` into buckets, one packed
+    row per node and bucket. The counts are of rows: one holds a node's samples at one instant or bucket."""
+    expired = session.execute(delete(NodeSamples).where(NodeSamples.at < now - retention))
     deleted = int(getattr(expired, "rowcount", 0) or 0)
     # Only whole buckets are folded, so a bucket is never written twice.
     cutoff = bucket_start(now - full_resolution, width)
-    old = session.scalars(select(Sample).where(Sample.resolution_seconds == 0, Sample.at < cutoff)).all()
-    groups: dict[tuple[str, str, str], list[Sample]] = defaultdict(list)
-    for s in old:
-        groups[(s.node, s.subject_kind, s.subject)].append(s)
+    old = session.execute(select(NodeSamples.id, NodeSamples.node, NodeSamples.at, NodeSamples.data).where(
+        NodeSamples.resolution_seconds == 0, NodeSamples.at < cutoff)).all()
+    series: dict[str, dict[tuple[str, str], list[Point]]] = defaultdict(lambda: defaultdict(list))
+    for (_, node, at, _), entries in readable(old):
+        for kind, subject, values in entries:
+            series[node][(kind, subject)].append((at, values))
     buckets = 0
-    for (node, kind, subject), rows in groups.items():
-        rollups = ROLLUPS if kind == "replica" else None
-        for start, values in downsample(((r.at, r.values) for r in rows), width, rollups):
-            session.add(Sample(node=node, subject_kind=kind, subject=subject, at=start,
-                               resolution_seconds=width, values=values))
-            buckets += 1
-        for r in rows:
-            session.delete(r)
+    for node, subjects in series.items():
+        by_start: dict[datetime, list[tuple[str, str, dict[str, float]]]] = defaultdict(list)
+        for (kind, subject), points in subjects.items():
+            for start, values in downsample(points, width, ROLLUPS if kind == "replica" else None):
+                by_start[start].append((kind, subject, values))
+        rows = [row for start, items in sorted(by_start.items())
+                if (row := node_row(node, start, items, resolution_seconds=width)) is not None]
+        buckets += len(rows)
+        if rows:
+            session.execute(insert(NodeSamples), rows)
+    if old:
+        ids = [row[0] for row in old]
+        for i in range(0, len(ids), 5_000):  # bounded IN lists
+            session.execute(delete(NodeSamples).where(NodeSamples.id.in_(ids[i:i + 5_000])))
     return PruneResult(deleted=deleted, downsampled=len(old), buckets=buckets)
 
 

@@ -9,8 +9,9 @@ A reading is refused, with the reason, when it is stamped ahead of this control 
 ``max_clock_skew_seconds``), when it is older than the full-resolution window (``sample_full_resolution_seconds``:
 retention has folded that stretch into one-minute averages already, and a raw point there would stand beside
 its own average), or when its node is no longer in the fleet. A replica's or GPU's part of a reading is refused
-when the node no longer runs it; the rest of the reading is stored. A sample already held (same node, subject
-and instant) is not stored again: an agent sends again what it cannot know was delivered.
+when the node no longer runs it; the rest of the reading is stored. A reading already held (its node has samples
+stored at its instant: a report's samples are one row) is not stored again: an agent sends again what it cannot
+know was delivered.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from sqlalchemy.orm import Session
 from agent.wire import NodeReport, Readings, ReadingsAnswer, RefusedReading
 from controlplane.fleet.ingest import gpu_series_values
 from controlplane.policy.signals import stored_values
-from controlplane.store.models import Gpu, Node, Replica, Sample
+from controlplane.store.models import Gpu, Node, NodeSamples, Replica
+from controlplane.store.samples import node_row
 
 
 def _refusal(reading: NodeReport, reason: str, subject: str | None = None) -> RefusedReading:
@@ -55,46 +57,46 @@ def store_readings(*, session: Session, batch: Readings, now: datetime, full_res
     gpus = {str(i) for i in session.scalars(select(Gpu.index).where(Gpu.node == node))}
     oldest = now - full_resolution
     refused: list[RefusedReading] = []
-    candidates: list[tuple[NodeReport, list[dict[str, Any]]]] = []
+    candidates: list[tuple[NodeReport, dict[str, Any] | None]] = []
     for reading in batch.readings:
         if (problem := _whole_reading_problem(reading, now, oldest, max_skew)) is not None:
             refused.append(_refusal(reading, problem))
             continue
-        rows: list[dict[str, Any]] = []
+        items: list[tuple[str, str, dict[str, Any]]] = []
         for g in reading.gpus:
             if str(g.index) not in gpus:
                 refused.append(_refusal(reading, f"node {node} no longer lists GPU {g.index}", f"gpu {g.index}"))
-            elif values := gpu_series_values(g):
-                rows.append({"node": node, "subject_kind": "gpu", "subject": str(g.index), "at": reading.sent_at,
-                             "resolution_seconds": 0, "values": values})
+            else:
+                items.append(("gpu", str(g.index), gpu_series_values(g)))
         for r in reading.replicas:
             if r.name not in replicas:
                 refused.append(_refusal(reading, f"node {node} no longer runs replica {r.name}", f"replica {r.name}"))
-            elif replica_values := stored_values(r):
-                rows.append({"node": node, "subject_kind": "replica", "subject": r.name, "at": reading.sent_at,
-                             "resolution_seconds": 0, "values": replica_values})
-        candidates.append((reading, rows))
+            else:
+                items.append(("replica", r.name, stored_values(r)))
+        candidates.append((reading, node_row(node, reading.sent_at, items)))
     held = _held(session, node, [reading.sent_at for reading, _ in candidates])
     stored = duplicates = 0
     new_rows: list[dict[str, Any]] = []
-    for _reading, rows in candidates:
-        fresh = [row for row in rows if (row["subject_kind"], row["subject"], row["at"]) not in held]
-        if rows and not fresh:
-            duplicates += 1
-        elif fresh:
-            stored += 1
-            new_rows.extend(fresh)
-            held.update((row["subject_kind"], row["subject"], row["at"]) for row in fresh)  # repeated in one batch
+    for reading, row in candidates:
+        if row is None:
+            continue
+        if reading.sent_at in held:
+            duplicates += 1  # a report's samples are stored whole, one row: this one was stored before
+            continue
+        stored += 1
+        new_rows.append(row)
+        held.add(reading.sent_at)  # repeated in one batch
     if new_rows:
-        session.execute(insert(Sample), new_rows)
+        session.execute(insert(NodeSamples), new_rows)
     return ReadingsAnswer(stored=stored, duplicates=duplicates, refused=refused)
 
 
-def _held(session: Session, node: str, times: list[datetime]) -> set[tuple[str, str, datetime]]:
-    """The raw samples of ``node`` already stored at any of ``times`` (one range read over the subject index)."""
+def _held(session: Session, node: str, times: list[datetime]) -> set[datetime]:
+    """Which of ``times`` ``node`` has raw samples stored at (one range read of ``ix_node_samples_node_at``)."""
     if not times:
         return set()
     wanted = set(times)
-    rows = session.execute(select(Sample.subject_kind, Sample.subject, Sample.at).where(
-        Sample.node == node, Sample.resolution_seconds == 0, Sample.at >= min(times), Sample.at <= max(times)))
-    return {(kind, subject, at) for kind, subject, at in rows if at in wanted}
+    stored = session.scalars(select(NodeSamples.at).where(
+        NodeSamples.node == node, NodeSamples.resolution_seconds == 0, NodeSamples.at >= min(times),
+        NodeSamples.at <= max(times)))
+    return {at for at in stored if at in wanted}

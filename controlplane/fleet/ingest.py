@@ -24,7 +24,8 @@ from sqlalchemy.sql.elements import BindParameter
 from agent.wire import DesiredState, GpuSample, NodeReport, ReplicaSpec
 from controlplane.fleet.sequencing import Verdict, classify
 from controlplane.policy.signals import stored_values
-from controlplane.store.models import DesiredReplica, Gpu, Node, Replica, ReplicaEventRow, Sample, UtcDateTime
+from controlplane.store.models import DesiredReplica, Gpu, Node, NodeSamples, Replica, ReplicaEventRow, UtcDateTime
+from controlplane.store.samples import node_row
 from engines import DEFAULT_ENGINE
 
 GPU_SERIES = ("temperature_celsius", "memory_used_bytes", "utilization_ratio", "power_watts", "xid_events_total",
@@ -75,16 +76,11 @@ def _replica_rows(report: NodeReport, now: datetime) -> list[dict[str, Any]]:
 
 
 def _sample_rows(report: NodeReport) -> list[dict[str, Any]]:
-    rows = []
-    for g in report.gpus:
-        if gpu_values := gpu_series_values(g):
-            rows.append({"node": report.node, "subject_kind": "gpu", "subject": str(g.index),
-                         "at": report.sent_at, "resolution_seconds": 0, "values": gpu_values})
-    for r in report.replicas:
-        if values := stored_values(r):
-            rows.append({"node": report.node, "subject_kind": "replica", "subject": r.name,
-                         "at": report.sent_at, "resolution_seconds": 0, "values": values})
-    return rows
+    """The report's samples as one packed row of its node (``store.samples``), or none when it has no numbers."""
+    row = node_row(report.node, report.sent_at, [
+        *(("gpu", str(g.index), gpu_series_values(g)) for g in report.gpus),
+        *(("replica", r.name, stored_values(r)) for r in report.replicas)])
+    return [] if row is None else [row]
 
 
 def _event_rows(report: NodeReport, now: datetime) -> list[dict[str, Any]]:
@@ -123,7 +119,7 @@ def _table(model: type[Any]) -> Table:
 
 
 _NODES, _GPUS, _REPLICAS = _table(Node), _table(Gpu), _table(Replica)
-_SAMPLES, _EVENTS, _DESIRED = _table(Sample), _table(ReplicaEventRow), _table(DesiredReplica)
+_SAMPLES, _EVENTS, _DESIRED = _table(NodeSamples), _table(ReplicaEventRow), _table(DesiredReplica)
 # Built once: SQLAlchemy memoises a statement's cache key on the object, so reusing these skips the per-call
 # key generation that showed in profiles at 200 reports a second.
 _NODES_IN: BindParameter[Any] = bindparam("b_nodes", expanding=True)

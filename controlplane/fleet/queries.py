@@ -23,7 +23,8 @@ from controlplane.fleet.schemas import (
     SampleOut,
 )
 from controlplane.fleet.summary import FIGURES, ReplicaFigures
-from controlplane.store.models import Gpu, Node, Replica, ReplicaEventRow, Sample
+from controlplane.store.models import Gpu, Node, Replica, ReplicaEventRow
+from controlplane.store.samples import subject_series
 
 
 def node_status(*, last_report_at: datetime, now: datetime, stale_after: timedelta) -> NodeStatus:
@@ -185,28 +186,14 @@ def list_events(
             for e in session.scalars(query)]
 
 
-def _rows(*, session: Session, node: str, kind: str, subject: str, since: datetime | None,
-          limit: int) -> list[Sample]:
-    """One subject's stored samples, oldest first (the newest ``limit`` when there are more): one range scan of
-    ``ix_samples_subject_at``."""
-    query = (select(Sample)
-             .where(Sample.node == node, Sample.subject_kind == kind, Sample.subject == subject)
-             .order_by(Sample.at.desc()).limit(limit))
-    if since is not None:
-        query = query.where(Sample.at >= since)
-    rows = list(session.scalars(query))
-    rows.reverse()
-    return rows
-
-
 def replica_samples(
     *, session: Session, node: str, name: str, since: datetime | None, limit: int,
 ) -> list[ReplicaSampleOut]:
     """A replica's time series, oldest first (the newest ``limit`` points when there are more). Salvaged: a value
     stored in a shape the table no longer reads is left out rather than failing the read."""
-    rows = _rows(session=session, node=node, kind="replica", subject=name, since=since, limit=limit)
-    return [ReplicaSampleOut(at=s.at, resolution_seconds=s.resolution_seconds, values=salvage(ReplicaValues, s.values))
-            for s in rows]
+    points = subject_series(session, node=node, kind="replica", subject=name, since=since, newest=limit)
+    return [ReplicaSampleOut(at=at, resolution_seconds=width, values=salvage(ReplicaValues, values))
+            for at, width, values in points]
 
 
 def gpu_samples(
@@ -216,8 +203,8 @@ def gpu_samples(
     node's GPU that reported nothing (or no longer reports: its samples outlive its row) is an empty list."""
     if session.get(Node, node) is None:
         return None
-    rows = _rows(session=session, node=node, kind="gpu", subject=str(index), since=since, limit=limit)
-    return [SampleOut(at=s.at, resolution_seconds=s.resolution_seconds, values=dict(s.values)) for s in rows]
+    points = subject_series(session, node=node, kind="gpu", subject=str(index), since=since, newest=limit)
+    return [SampleOut(at=at, resolution_seconds=width, values=values) for at, width, values in points]
 
 
 def count_nodes_by_status(*, session: Session, now: datetime, stale_after: timedelta) -> dict[NodeStatus, int]:

@@ -231,8 +231,8 @@ _DERIVED = tuple((name, d.source, _WRITE[d.stored]) for name, d in DECLARED.item
 
 
 def stored_values(status: ReplicaStatus) -> dict[str, Any]:
-    """One replica's sample as the store keeps it (``Sample.values``): each signal the report has, by name; one
-    it lacks is left out (unknown, not zero)."""
+    """One replica's sample as the store keeps it (its part of a ``node_samples`` row): each signal the report
+    has, by name; one it lacks is left out (unknown, not zero)."""
     values: dict[str, Any] = {}
     for part, reads in _READS:
         source = status if part == "status" else getattr(status, part)

@@ -1,8 +1,8 @@
 """``SampleHistory``: the leader's incremental copy of recent sample histories, for the policy rounds.
 
-A policy round needs every replica's and GPU's recent history. Reading it whole from the samples table each
-round costs a 1,000-node fleet about 2.9 million rows (8 replicas and 8 GPUs per node, a report every 5 s,
-15 minutes): tens of seconds of decoding per round. The leader instead keeps the window in memory and reads
+A policy round needs every replica's and GPU's recent history. Reading it whole from the store each round
+costs a 1,000-node fleet about 2.9 million samples (8 replicas and 8 GPUs per node, a report every 5 s,
+15 minutes; 180,000 packed rows): seconds of decoding per round. The leader instead keeps the window in memory and reads
 only the rows written since its last round.
 
 New rows are found by id. On PostgreSQL ids are handed out before commit, so a row can become visible after
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left, insort
-from collections.abc import Iterable
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
@@ -25,10 +25,11 @@ from sqlalchemy.orm import Session
 
 from controlplane.policy.signals import ReplicaSample, from_stored
 from controlplane.policy.snapshot import GpuReading
-from controlplane.store.models import Sample
+from controlplane.store.models import NodeSamples
+from controlplane.store.samples import readable
 
 Key = tuple[str, str, str]  # (node, subject kind, subject)
-_COLUMNS = (Sample.id, Sample.node, Sample.subject_kind, Sample.subject, Sample.at, Sample.values)
+_COLUMNS = (NodeSamples.id, NodeSamples.node, NodeSamples.at, NodeSamples.data)
 
 
 def gpu_reading(at: datetime, values: dict[str, Any]) -> GpuReading:
@@ -58,7 +59,7 @@ def _at(point: ReplicaSample | GpuReading) -> datetime:
 class SampleHistory:
     """Per-subject, time-ordered histories of the last ``horizon``, kept up to date by ``refresh``."""
 
-    def __init__(self, horizon: timedelta, overlap_rows: int = 20_000) -> None:
+    def __init__(self, horizon: timedelta, overlap_rows: int = 2_000) -> None:
         self.horizon = horizon
         self.overlap_rows = overlap_rows
         self._series: dict[Key, list[Any]] = {}
@@ -79,44 +80,38 @@ class SampleHistory:
             began = time.perf_counter()
             # Streamed in batches: a 1,000-node fleet's window is millions of rows, and holding every
             # decoded row at once would take several times the memory of the history itself.
-            query = (select(*_COLUMNS).where(Sample.at >= since, Sample.resolution_seconds == 0)
-                     .order_by(Sample.id).execution_options(yield_per=20_000))
+            query = (select(*_COLUMNS).where(NodeSamples.at >= since, NodeSamples.resolution_seconds == 0)
+                     .order_by(NodeSamples.id).execution_options(yield_per=2_000))
             added = sum(self._add(batch, since) for batch in session.execute(query).partitions())
             self.cold_seconds += time.perf_counter() - began
         else:
             floor = self._watermark - self.overlap_rows
-            recent = session.scalars(select(Sample.id).where(Sample.id > floor)).all()
+            recent = session.scalars(select(NodeSamples.id).where(NodeSamples.id > floor)).all()
             late = [i for i in recent if i <= self._watermark and i not in self._seen]
-            added = self._add(session.execute(select(*_COLUMNS).where(Sample.id > self._watermark)
-                                              .order_by(Sample.id)).all(), since)
+            added = self._add(session.execute(select(*_COLUMNS).where(NodeSamples.id > self._watermark)
+                                              .order_by(NodeSamples.id)).all(), since)
             if late:
-                added += self._add(session.execute(select(*_COLUMNS).where(Sample.id.in_(late))).all(), since)
+                added += self._add(session.execute(select(*_COLUMNS).where(NodeSamples.id.in_(late))).all(), since)
         self._trim(since)
         return added
 
-    def _add(self, rows: Iterable[Any],
-             since: datetime) -> int:
+    def _add(self, rows: Sequence[Any], since: datetime) -> int:
         added = 0
-        last_at: datetime | None = None
-        ids: list[int] = []
         series_of = self._series
-        for row_id, node, kind, subject, at, values in rows:
-            ids.append(row_id)
+        ids = [row[0] for row in rows]
+        for (_, node, at, _), entries in readable(rows):
             if at < since:
                 continue
-            # Samples of one report share their time: one datetime object for all sixteen of them.
-            if at == last_at:
-                at = last_at
-            last_at = at
-            point = from_stored(at, values) if kind == "replica" else gpu_reading(at, values)
-            series = series_of.get((node, kind, subject))
-            if series is None:
-                series_of[(node, kind, subject)] = [point]
-            elif series[-1].at <= at:
-                series.append(point)
-            else:
-                insort(series, point, key=_at)  # a report that arrived out of order
-            added += 1
+            for kind, subject, values in entries:
+                point = from_stored(at, values) if kind == "replica" else gpu_reading(at, values)
+                series = series_of.get((node, kind, subject))
+                if series is None:
+                    series_of[(node, kind, subject)] = [point]
+                elif series[-1].at <= at:
+                    series.append(point)
+                else:
+                    insort(series, point, key=_at)  # a report that arrived out of order
+                added += 1
         self._note(ids)
         return added
 

@@ -32,7 +32,8 @@ from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.planning import plan_restart, restart_deadline
 from controlplane.remediation.records import create, guard_state, record_decision
 from controlplane.remediation.snapshot import build_snapshot
-from controlplane.store.models import ActionRow, Sample
+from controlplane.store.models import ActionRow
+from controlplane.store.samples import subject_series
 
 REQUESTED_BY = "policy"
 
@@ -88,9 +89,8 @@ def _is_repeat_refusal(session: Session, decision: Decision) -> bool:
 def request_rates(session: Session, key: str, since: datetime) -> list[tuple[datetime, float]]:
     """One replica's requests per second since ``since``, as (sample time, rate): the planned restart's forecast."""
     node, name = split_key(key)
-    rows = session.execute(select(Sample.at, Sample.values).where(
-        Sample.node == node, Sample.subject_kind == "replica", Sample.subject == name, Sample.at >= since))
-    rates = [(at, from_stored(at, values).requests_per_second) for at, values in rows]
+    points = subject_series(session, node=node, kind="replica", subject=name, since=since)
+    rates = [(at, from_stored(at, values).requests_per_second) for at, _width, values in points]
     return [(at, rate) for at, rate in rates if rate is not None]
 
 

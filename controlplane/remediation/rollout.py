@@ -31,7 +31,8 @@ from controlplane.policy.rollout import (
 from controlplane.policy.signals import ReplicaSample, from_stored
 from controlplane.policy.snapshot import split_key
 from controlplane.remediation.records import write_payload
-from controlplane.store.models import ActionRow, DesiredReplica, Replica, Sample
+from controlplane.store.models import ActionRow, DesiredReplica, Replica
+from controlplane.store.samples import series_of
 
 __all__ = ["RolloutSettings", "advance", "begin"]
 
@@ -55,13 +56,11 @@ def _observe(session: Session, row: ActionRow, since: datetime | None) -> Observ
     samples: dict[str, list[ReplicaSample]] = defaultdict(list)
     if since is not None and views:
         nodes = {split_key(k)[0] for k in views}
-        for node, subject, at, values in session.execute(
-                select(Sample.node, Sample.subject, Sample.at, Sample.values)
-                .where(Sample.node.in_(nodes), Sample.subject_kind == "replica", Sample.at >= since,
-                       Sample.resolution_seconds == 0).order_by(Sample.at)):
+        series = series_of(session, kind="replica", since=since, nodes=sorted(nodes), raw_only=True)
+        for (node, subject), points in series.items():
             key = f"{node}/{subject}"
-            if key in views:
-                samples[key].append(from_stored(at, values, full=True))  # the canary is judged on its windows
+            if key in views:  # the canary is judged on its windows
+                samples[key] = [from_stored(at, values, full=True) for at, values in points]
     return Observed(replicas=views, samples=samples)
 
 

@@ -8,7 +8,6 @@ subject kind grouped in Python: per-replica queries would be 8,000 round trips. 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,10 +33,11 @@ from controlplane.policy.snapshot import (
     ReplicaSample,
 )
 from controlplane.remediation.history import SampleHistory, gpu_reading
-from controlplane.store.models import ActionRow, AlertRow, DesiredReplica, Sample
+from controlplane.store.models import ActionRow, AlertRow, DesiredReplica
 from controlplane.store.models import Gpu as GpuRow
 from controlplane.store.models import Node as NodeRow
 from controlplane.store.models import Replica as ReplicaRow
+from controlplane.store.samples import series_of
 from engines import ADAPTERS, DEFAULT_ENGINE
 
 Point = tuple[datetime, dict[str, Any]]
@@ -47,14 +47,8 @@ TRIALS_LOOKBACK = timedelta(days=1)
 
 def _histories(session: Session, kind: str, since: datetime,
                models: set[tuple[str, str]] | None) -> dict[tuple[str, str], list[Point]]:
-    out: dict[tuple[str, str], list[Point]] = defaultdict(list)
-    query = (select(Sample.node, Sample.subject, Sample.at, Sample.values)
-             .where(Sample.subject_kind == kind, Sample.at >= since).order_by(Sample.at))
-    for node, subject, at, values in session.execute(query):
-        key = (node, subject)
-        if models is None or key in models:
-            out[key].append((at, values))
-    return out
+    found = series_of(session, kind=kind, since=since)
+    return found if models is None else {key: points for key, points in found.items() if key in models}
 
 
 def build_snapshot(*, session: Session, now: datetime, history: timedelta = timedelta(minutes=15),

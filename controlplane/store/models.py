@@ -5,7 +5,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -108,20 +119,19 @@ class ReplicaEventRow(Base):
     message: Mapped[str] = mapped_column(Text, default="")
 
 
-class Sample(Base):
-    """One point of a time series: a replica's or a GPU's numeric readings at one instant (or bucket)."""
+class NodeSamples(Base):
+    """One node's samples at one instant (a report's time, or a bucket's start): every replica's and GPU's
+    readings, packed into one value (``store.packing``; docs/design.md, "The store")."""
 
-    __tablename__ = "samples"
-    __table_args__ = (Index("ix_samples_subject_at", "node", "subject_kind", "subject", "at"),)
+    __tablename__ = "node_samples"
+    __table_args__ = (Index("ix_node_samples_node_at", "node", "at"), Index("ix_node_samples_at", "at"))
 
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     node: Mapped[str] = mapped_column(String(64))
-    subject_kind: Mapped[str] = mapped_column(String(16))  # "replica" | "gpu"
-    subject: Mapped[str] = mapped_column(String(64))  # replica name, or GPU index as text
     at: Mapped[datetime]
-    # 0 for a raw point; otherwise the width of the bucket this point averages.
+    # 0 for raw points; otherwise the width of the bucket these points average.
     resolution_seconds: Mapped[int] = mapped_column(default=0)
-    values: Mapped[dict[str, Any]]
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class DesiredReplica(Base):

@@ -19,7 +19,7 @@ from bench.harness.tcp_proxy import BlackHoleProxy
 from controlplane.api.app import create_app
 from controlplane.config import ServerConfig
 from controlplane.store.db import session_scope
-from controlplane.store.models import Sample
+from controlplane.store.models import NodeSamples
 from tests.helpers import serve_in_thread
 
 T0 = datetime(2026, 12, 5, 12, 0, 0, tzinfo=UTC)
@@ -137,8 +137,7 @@ def test_every_reading_taken_across_a_partition_reaches_the_store_once_in_order(
 
     ctx = app.state.pitstop
     with session_scope(ctx.sessions) as session:
-        rows = session.execute(select(Sample.id, Sample.at).where(Sample.subject_kind == "gpu")
-                               .order_by(Sample.id)).all()
+        rows = session.execute(select(NodeSamples.id, NodeSamples.at).order_by(NodeSamples.id)).all()
     stored = [at for _, at in rows]
     assert len(stored) == len(set(stored)), "a reading was stored twice"
     # Every reading taken was stored, but the last ones: their report may not have been delivered at the stop.

@@ -31,7 +31,7 @@ TABLES = {
     "nodes": "name, hostname, last_sequence, last_sent_at, last_report_at, reports_total, status, cordoned",
     "gpus": "node, \"index\", uuid, updated_at, readings",
     "replicas": "node, name, state, generation, gpus, engine_args, log_tail, engine, process, state_since, ready",
-    "samples": "node, subject_kind, subject, at, resolution_seconds, \"values\"",
+    "node_samples": "node, at, resolution_seconds, data",
     "replica_events": "node, replica, at, received_at, kind, from_state, to_state, message",
 }
 

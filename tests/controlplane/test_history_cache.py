@@ -12,8 +12,16 @@ from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.snapshot import build_snapshot
 from controlplane.rounds import PolicyRounds
 from controlplane.store.db import session_scope
-from controlplane.store.models import Sample
+from controlplane.store.models import NodeSamples
+from controlplane.store.samples import node_row
 from tests.controlplane.fixtures import T0, FakeClock, body, gpu, replica, report
+
+
+def _row(at: Any, ttft: float) -> dict[str, Any]:
+    """A packed row of replica gpu-a/r1 alone, as a report of that one replica would store it."""
+    row = node_row("gpu-a", at, [("replica", "r1", {"ttft_p99_seconds": ttft})])
+    assert row is not None
+    return row
 
 
 def _post(client: TestClient, i: int, node: str = "gpu-a") -> None:
@@ -60,16 +68,12 @@ def test_a_row_that_commits_after_a_larger_id_still_lands(client: TestClient, cl
     ctx, cache = _three_reports(client, clock)
     with session_scope(ctx.sessions) as session:
         cache.refresh(session, clock.now)
-        top = max(session.scalars(Sample.__table__.select().with_only_columns(Sample.id)).all())
+        top = max(session.scalars(select(NodeSamples.id)).all())
         # Leave a hole in the ids, fill the hole only after a larger id was read.
-        session.execute(insert(Sample).values(id=top + 5, node="gpu-a", subject_kind="replica", subject="r1",
-                                              at=T0 + timedelta(seconds=25), resolution_seconds=0,
-                                              values={"ttft_p99_seconds": 0.5}))
+        session.execute(insert(NodeSamples).values(id=top + 5, **_row(T0 + timedelta(seconds=25), 0.5)))
     with session_scope(ctx.sessions) as session:
         cache.refresh(session, clock.now)
-        session.execute(insert(Sample).values(id=top + 2, node="gpu-a", subject_kind="replica", subject="r1",
-                                              at=T0 + timedelta(seconds=22), resolution_seconds=0,
-                                              values={"ttft_p99_seconds": 0.9}))
+        session.execute(insert(NodeSamples).values(id=top + 2, **_row(T0 + timedelta(seconds=22), 0.9)))
     with session_scope(ctx.sessions) as session:
         assert cache.refresh(session, clock.now) == 1
         assert cache.refresh(session, clock.now) == 0  # read once, not again
@@ -108,15 +112,11 @@ def test_a_standby_that_followed_builds_the_snapshot_a_cold_leader_builds(client
             # Ids handed out before others but committed after a follow read past them (PostgreSQL): a hole, then
             # (on PostgreSQL) every later report's ids below the largest one read, then the hole filled.
             with session_scope(ctx.sessions) as session:
-                top = max(session.scalars(select(Sample.id)).all())
-                session.execute(insert(Sample).values(id=top + 10_000, node="gpu-a", subject_kind="replica",
-                                                      subject="r1", at=clock.now, resolution_seconds=0,
-                                                      values={"ttft_p99_seconds": 0.7}))
+                top = max(session.scalars(select(NodeSamples.id)).all())
+                session.execute(insert(NodeSamples).values(id=top + 1_000, **_row(clock.now, 0.7)))
         if i == 5:
             with session_scope(ctx.sessions) as session:
-                session.execute(insert(Sample).values(id=top + 9_990, node="gpu-a", subject_kind="replica",
-                                                      subject="r1", at=clock.now - timedelta(seconds=9),
-                                                      resolution_seconds=0, values={"ttft_p99_seconds": 0.9}))
+                session.execute(insert(NodeSamples).values(id=top + 990, **_row(clock.now - timedelta(seconds=9), 0.9)))
         assert standby.follow() is not None
         assert standby.follow() is None  # once per policy interval, however many reports poke it
     assert standby.last_round is None  # following evaluates nothing

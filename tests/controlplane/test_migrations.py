@@ -95,3 +95,48 @@ def test_0010_adds_live_caps_without_touching_the_fleet_and_goes_back_down(db_ur
             assert conn.execute(text("SELECT name, generation FROM desired_replicas")).all() == [("r0", 3)]
     finally:
         engine.dispose()
+
+
+def _old_sample(conn: Connection, node: str, kind: str, subject: str, at: str, width: int, values: str) -> None:
+    conn.execute(text(
+        "INSERT INTO samples (node, subject_kind, subject, at, resolution_seconds, \"values\") "
+        "VALUES (:node, :kind, :subject, :at, :width, :values)"),
+        {"node": node, "kind": kind, "subject": subject, "at": at, "width": width, "values": values})
+
+
+def test_0012_packs_each_node_instant_into_one_row_keeping_every_point_and_goes_back_down(db_url: str) -> None:
+    from controlplane.store.packing import unpack
+
+    engine = make_engine(db_url)
+    try:
+        migrate(engine, "0011")
+        with engine.begin() as conn:
+            at, later = "2026-11-29 12:00:00", "2026-11-29 12:00:05"
+            _old_sample(conn, "gpu-a", "replica", "r0", at, 0, '{"ttft_p99_seconds": 0.25, "generation": 3.0}')
+            _old_sample(conn, "gpu-a", "gpu", "0", at, 0,
+                        '{"temperature_celsius": 61.0, "throttle_reasons": ["sw_power_cap"]}')
+            _old_sample(conn, "gpu-a", "replica", "r0", later, 0, '{"ttft_p99_seconds": 0.5}')
+            _old_sample(conn, "gpu-a", "replica", "r0", at, 60, '{"ttft_p99_seconds": 0.3}')  # a bucket, same start
+            _old_sample(conn, "gpu-b", "replica", "r0", at, 0, '{"ttft_p99_seconds": 0.125}')
+        migrate(engine, "0012")
+        assert "samples" not in inspect(engine).get_table_names()
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT node, at, resolution_seconds, data FROM node_samples "
+                                     "ORDER BY node, at, resolution_seconds")).all()
+        packed = [(node, str(at)[:19], width, unpack(bytes(data))) for node, at, width, data in rows]
+        assert packed == [
+            ("gpu-a", at, 0, [("replica", "r0", {"ttft_p99_seconds": 0.25, "generation": 3.0}),
+                              ("gpu", "0", {"temperature_celsius": 61.0, "throttle_reasons": ["sw_power_cap"]})]),
+            ("gpu-a", at, 60, [("replica", "r0", {"ttft_p99_seconds": 0.3})]),
+            ("gpu-a", later, 0, [("replica", "r0", {"ttft_p99_seconds": 0.5})]),
+            ("gpu-b", at, 0, [("replica", "r0", {"ttft_p99_seconds": 0.125})]),
+        ]
+        downgrade(engine, "0011")
+        assert "node_samples" not in inspect(engine).get_table_names()
+        with engine.connect() as conn:
+            back = conn.execute(text("SELECT node, subject_kind, subject, resolution_seconds FROM samples "
+                                     "ORDER BY node, subject_kind, subject, at, resolution_seconds")).all()
+        assert back == [("gpu-a", "gpu", "0", 0), ("gpu-a", "replica", "r0", 0), ("gpu-a", "replica", "r0", 60),
+                        ("gpu-a", "replica", "r0", 0), ("gpu-b", "replica", "r0", 0)]
+    finally:
+        engine.dispose()

@@ -7,14 +7,13 @@ from datetime import timedelta
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import select
 
 from agent.wire import EngineSample, EngineWindow, ProcessSample, ReplicaState, ReplicaStatus, WindowHistogram
 from controlplane.policy.signals import DECLARED, ROLLUPS, SIGNALS, ReplicaSample, from_stored
 from controlplane.remediation.history import SampleHistory
 from controlplane.retention import downsample
 from controlplane.store.db import session_scope
-from controlplane.store.models import Sample
+from controlplane.store.samples import series_of
 from tests.controlplane.fixtures import T0, body, report
 
 
@@ -50,7 +49,7 @@ def declared(status: ReplicaStatus, name: str) -> Any:
 
 def _stored(client: TestClient) -> tuple[Any, dict[str, Any]]:
     with session_scope(client.app.state.pitstop.sessions) as session:  # type: ignore[attr-defined]
-        [(at, values)] = session.execute(select(Sample.at, Sample.values).where(Sample.subject_kind == "replica"))
+        [[(at, values)]] = series_of(session, kind="replica", since=T0 - timedelta(days=1)).values()
     return at, dict(values)
 
 
@@ -86,8 +85,8 @@ def test_a_minute_of_samples_folds_as_the_table_says(client: TestClient) -> None
         sent = report(sequence=i + 1, sent_at=T0 + timedelta(seconds=10 * i), replicas=[status])
         assert client.post("/v1/agents/gpu-a/report", json=body(sent)).status_code == 200
     with session_scope(client.app.state.pitstop.sessions) as session:  # type: ignore[attr-defined]
-        rows = session.execute(select(Sample.at, Sample.values).where(Sample.subject_kind == "replica")).all()
-    [(_, folded)] = downsample([(at, values) for at, values in rows], 3600, ROLLUPS)
+        [rows] = series_of(session, kind="replica", since=T0 - timedelta(days=1)).values()
+    [(_, folded)] = downsample(rows, 3600, ROLLUPS)
     assert set(folded) == {n for n, rule in ROLLUPS.items() if rule != "drop"}
     assert folded["generation"] == 5.0  # the last: an average of two generations is neither
     assert folded["canary_ok"] == 0.5  # the share of the minute it passed

@@ -40,10 +40,10 @@ def test_retention_downsamples_then_deletes(app, client: TestClient, config, clo
 
     clock.now = T0 + timedelta(seconds=900)
     result = loop.run_once()
-    assert (result.downsampled, result.buckets) == (12, 4)  # replica and GPU series, two minutes each
+    assert (result.downsampled, result.buckets) == (6, 2)  # six reports' rows fold into two minutes' rows
     points = series()
     assert [p["resolution_seconds"] for p in points] == [60, 60]
     assert [round(p["values"]["ttft_p99_seconds"], 3) for p in points] == [0.2, 0.5]
 
     clock.now = T0 + timedelta(seconds=3700)
-    assert loop.run_once().deleted == 4 and series() == []
+    assert loop.run_once().deleted == 2 and series() == []

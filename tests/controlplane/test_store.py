@@ -24,7 +24,7 @@ def test_migrate_command_builds_an_empty_database(tmp_path: Path, capsys) -> Non
     engine = make_engine(url)
     try:
         tables = set(inspect(engine).get_table_names())
-        assert {"nodes", "gpus", "replicas", "replica_events", "samples", "desired_replicas"} <= tables
+        assert {"nodes", "gpus", "replicas", "replica_events", "node_samples", "desired_replicas"} <= tables
         assert current_revision(engine) == head_revision()
     finally:
         engine.dispose()

@@ -319,7 +319,8 @@ EDGE_STARTS = [
 def test_a_planned_restart_waits_for_yesterdays_quiet_hour_when_there_is_time(tmp_path: Path,
                                                                               start_at: datetime) -> None:
     from controlplane.store.db import make_engine, make_sessionmaker, session_scope
-    from controlplane.store.models import Sample
+    from controlplane.store.models import NodeSamples
+    from controlplane.store.samples import node_row
 
     policies = _rss_leak_policy(tmp_path, limit_bytes=17179869184)
     agent = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
@@ -331,9 +332,9 @@ def test_a_planned_restart_waits_for_yesterdays_quiet_hour_when_there_is_time(tm
         with session_scope(sessions) as session:  # yesterday: busy, but quiet 40-50 minutes after this hour
             for minute in range(0, 180):
                 rate = 0.5 if 40 <= minute <= 50 else 12.0
-                session.add(Sample(node="gpu-a", subject_kind="replica", subject="r0", resolution_seconds=60,
-                                   at=start - timedelta(days=1) + timedelta(minutes=minute),
-                                   values={"requests_per_second": rate}))
+                at = start - timedelta(days=1) + timedelta(minutes=minute)
+                session.add(NodeSamples(**node_row("gpu-a", at, [("replica", "r0", {"requests_per_second": rate})],
+                                                   resolution_seconds=60) or {}))
         for _ in range(90):
             agent.replica("r0").rss += 20 * 1024**2 // 6
             f.step(10)
