@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.config import ServerConfig
 from controlplane.heap import HeapFreezer
+from controlplane.policy.incremental import Evaluator
 from controlplane.remediation.executor import apply_approved
 from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.loop import RoundResult, run_round
@@ -57,6 +58,8 @@ class PolicyRounds:
         self.guard_config = config.guard_config()
         # The in-memory sample history: the leader's rounds read it, a warm standby keeps it current (``follow``).
         self.samples = SampleHistory(timedelta(seconds=config.policy_history_seconds))
+        # The rounds' memory of quiet subjects: each round judges again only what may have changed since.
+        self.evaluator = Evaluator()
         self._running = threading.Lock()
         self._next_round_at = 0.0
         self._next_follow_at = 0.0
@@ -82,6 +85,7 @@ class PolicyRounds:
         try:
             if self._forget:
                 self.samples.clear()
+                self.evaluator.clear()
                 self._forget = False
             with session_scope(self._sessions) as session:
                 added = self.samples.refresh(session, self._clock())
@@ -119,6 +123,7 @@ class PolicyRounds:
     def _round(self) -> RoundResult | None:
         if self._forget:
             self.samples.clear()  # another replica led in between: what it stored is read afresh
+            self.evaluator.clear()
             self._forget = False
         result = None
         if self._config.policies_enabled:
@@ -128,7 +133,8 @@ class PolicyRounds:
                 result = run_round(session=session, now=now, policies=self.policies.policies,
                                    guard_config=self.guard_config,
                                    history=timedelta(seconds=self._config.policy_history_seconds),
-                                   samples=self.samples, reports_since=self.reports_since)
+                                   samples=self.samples, reports_since=self.reports_since,
+                                   evaluator=self.evaluator)
             self.last_round = result
             if result.recorded:
                 log.info("policy round: %d proposed, recorded %s", result.proposed, result.recorded)

@@ -21,6 +21,7 @@ from controlplane.policy.actions import (
 )
 from controlplane.policy.conditions import (
     AlertCondition,
+    Condition,
     CrashLoopCondition,
     EccCondition,
     ErrorRateCondition,
@@ -128,27 +129,36 @@ def detect(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> list[Findi
         return ([f for n in nodes if (f := detect_node_unreachable(cond, n, snapshot, now, gone))]
                 + [f for m in models if (f := detect_model_short(cond, m, snapshot, gone))])
     if isinstance(cond, GPU_CONDITIONS):
-        gpus = in_scope_gpus(policy, snapshot)
-        if isinstance(cond, ThermalCondition):
-            return [f for g in gpus if (f := detect_thermal(cond, g, now))]
-        if isinstance(cond, EccCondition):
-            return [f for g in gpus if (f := detect_ecc(cond, g, now))]
-        return [f for g in gpus if (f := detect_xid(cond, g, now))]
-    found: list[Finding | None] = []
-    for replica in in_scope_replicas(policy, snapshot):
-        if isinstance(cond, ThresholdCondition):
-            found.append(detect_threshold(cond, replica, now) if replica.serving else None)
-        elif isinstance(cond, ErrorRateCondition):
-            found.append(detect_error_rate(cond, replica, now) if replica.serving else None)
-        elif isinstance(cond, StallCondition):
-            found.append(detect_stall(cond, replica, now))
-        elif isinstance(cond, LeakCondition):
-            found.append(detect_leak(cond, replica, snapshot, now) if replica.serving else None)
-        elif isinstance(cond, CrashLoopCondition):
-            found.append(detect_crash_loop(cond, replica, now))
-        elif isinstance(cond, OomCrashCondition):
-            found.append(detect_oom_crash(cond, replica, now))
-    return [f for f in found if f is not None]
+        return [f for g in in_scope_gpus(policy, snapshot) if (f := detect_gpu(cond, g, now))]
+    return [f for r in in_scope_replicas(policy, snapshot) if (f := detect_replica(cond, r, snapshot, now))]
+
+
+def detect_gpu(cond: Condition, gpu: Gpu, now: datetime) -> Finding | None:
+    """One GPU's finding under a GPU condition (heat, XID, ECC)."""
+    if isinstance(cond, ThermalCondition):
+        return detect_thermal(cond, gpu, now)
+    if isinstance(cond, EccCondition):
+        return detect_ecc(cond, gpu, now)
+    if isinstance(cond, XidCondition):
+        return detect_xid(cond, gpu, now)
+    return None
+
+
+def detect_replica(cond: Condition, replica: Replica, snapshot: FleetSnapshot, now: datetime) -> Finding | None:
+    """One replica's finding under a replica condition (latency and errors only while it serves)."""
+    if isinstance(cond, ThresholdCondition):
+        return detect_threshold(cond, replica, now) if replica.serving else None
+    if isinstance(cond, ErrorRateCondition):
+        return detect_error_rate(cond, replica, now) if replica.serving else None
+    if isinstance(cond, StallCondition):
+        return detect_stall(cond, replica, now)
+    if isinstance(cond, LeakCondition):
+        return detect_leak(cond, replica, snapshot, now) if replica.serving else None
+    if isinstance(cond, CrashLoopCondition):
+        return detect_crash_loop(cond, replica, now)
+    if isinstance(cond, OomCrashCondition):
+        return detect_oom_crash(cond, replica, now)
+    return None
 
 
 def _subject_replicas(policy: Policy, finding: Finding, snapshot: FleetSnapshot) -> list[Replica]:

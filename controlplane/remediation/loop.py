@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from controlplane.policy.due import next_due
 from controlplane.policy.evaluate import evaluate
 from controlplane.policy.guardrails import Decision, GuardConfig, Verdict, decide
+from controlplane.policy.incremental import Evaluator
 from controlplane.policy.kinds import find
 from controlplane.policy.lifecycle import OPEN, ActionState
 from controlplane.policy.payloads import AlertPayload, PlannedRestartPayload
@@ -121,17 +122,18 @@ def _trip(session: Session, reason: str, now: datetime) -> None:
 
 def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_config: GuardConfig,
               history: timedelta, samples: SampleHistory | None = None,
-              reports_since: datetime | None = None) -> RoundResult:
+              reports_since: datetime | None = None, evaluator: Evaluator | None = None) -> RoundResult:
     """Evaluate every policy against the stored fleet and record the guarded decisions (``samples``: the
     leader's history cache, read incrementally; ``reports_since``: when this control plane began to hear
-    reports, before which no node's silence counts)."""
+    reports, before which no node's silence counts; ``evaluator``: the rounds' incremental evaluation, which
+    proposes what ``evaluate`` would, judging again only the subjects whose answer may have changed)."""
     result = RoundResult()
     snapshot = build_snapshot(session=session, now=now, history=history, samples=samples)
     models = Counter(r.model for r in snapshot.replicas)
     snapshot = snapshot.model_copy(update={
         "reports_since": reports_since,
         "ready_floors": {m: guard_config.budget_for(m).floor(n) for m, n in models.items()}})
-    proposed = evaluate(policies, snapshot, now)
+    proposed = evaluate(policies, snapshot, now) if evaluator is None else evaluator.evaluate(policies, snapshot, now)
     result.proposed = len(proposed)
     result.next_due = next_due(policies, snapshot, now)
     by_name = {p.name: p for p in policies}

@@ -9,6 +9,7 @@ slope, and most pairwise slopes pointing up (flat noise sits near one half).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from operator import attrgetter
 from statistics import median
@@ -20,6 +21,8 @@ from controlplane.policy.snapshot import FleetSnapshot, Replica, ReplicaSample
 
 # Points kept for the pairwise slopes: 120 points is 7,140 pairs, cheap at any history length.
 MAX_POINTS = 120
+# How much sooner than computed ``leak_due`` answers.
+_EARLY = timedelta(milliseconds=1)
 
 
 def _subsample(points: Sequence[tuple[float, float]], limit: int = MAX_POINTS) -> list[tuple[float, float]]:
@@ -72,8 +75,21 @@ def memory_limit(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot)
     return gpus_memory_total(g.memory_total_bytes for g in snapshot.gpus_of(replica))
 
 
-def detect_leak(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot, now: datetime) -> Finding | None:
-    """A finding when memory climbs steadily fast enough to reach the limit within the horizon."""
+@dataclass(frozen=True)
+class _Trend:
+    field: str
+    series: list[ReplicaSample]
+    span: float
+    per_minute: float
+    rising: float
+    limit: int
+    current: float
+    seconds_left: float
+
+
+def _trend(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot, now: datetime) -> _Trend | None:
+    """The replica's memory trend when it passes every gate but the horizon (None: flat, noisy, too short, or no
+    limit to reach)."""
     field = "rss_bytes" if cond.resource == "rss" else "gpu_memory_bytes"
     start = now - timedelta(seconds=cond.lookback)
     value = attrgetter(field)
@@ -104,15 +120,33 @@ def detect_leak(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot, 
     ceiling = limit * cond.limit_ratio
     current = intercept + slope * (now - t0).total_seconds()  # the trend's level now, not one noisy reading
     seconds_left = max(0.0, (ceiling - current) / slope)
-    if seconds_left > cond.horizon:
+    return _Trend(field=field, series=series, span=span, per_minute=per_minute, rising=rising, limit=limit,
+                  current=current, seconds_left=seconds_left)
+
+
+def leak_due(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot, now: datetime) -> datetime | None:
+    """When ``detect_leak`` finds this replica's leak if only the clock moves: the trend's level rises with time,
+    so its time to the limit shrinks a second a second until it is within the horizon. A little early rather
+    than late (float rounding); None when another gate holds it back, or it is found already."""
+    trend = _trend(cond, replica, snapshot, now)
+    if trend is None or trend.seconds_left <= cond.horizon:
+        return None
+    return now + timedelta(seconds=trend.seconds_left - cond.horizon) - _EARLY
+
+
+def detect_leak(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot, now: datetime) -> Finding | None:
+    """A finding when memory climbs steadily fast enough to reach the limit within the horizon."""
+    trend = _trend(cond, replica, snapshot, now)
+    if trend is None or trend.seconds_left > cond.horizon:
         return None
     mib = 2**20
     return Finding(
         detector="leak",
         subject=replica.key,
-        summary=f"{cond.resource} grows {per_minute / mib:.1f} MiB/min over {format_duration(span)}; "
-        f"reaches {cond.limit_ratio:.0%} of {limit / 2**30:.1f} GiB in {format_duration(seconds_left)}",
-        measured={"slope_bytes_per_minute": per_minute, "rising_fraction": rising, "trend_bytes": current,
-                  "limit_bytes": limit, "seconds_to_limit": seconds_left, "window_seconds": span},
-        evidence=evidence_of(series, [field]),
+        summary=f"{cond.resource} grows {trend.per_minute / mib:.1f} MiB/min over {format_duration(trend.span)}; "
+        f"reaches {cond.limit_ratio:.0%} of {trend.limit / 2**30:.1f} GiB in {format_duration(trend.seconds_left)}",
+        measured={"slope_bytes_per_minute": trend.per_minute, "rising_fraction": trend.rising,
+                  "trend_bytes": trend.current, "limit_bytes": trend.limit, "seconds_to_limit": trend.seconds_left,
+                  "window_seconds": trend.span},
+        evidence=evidence_of(trend.series, [trend.field]),
     )

@@ -1,0 +1,206 @@
+"""``Evaluator``: a round that evaluates only what changed, and proposes exactly what ``evaluate`` would. Pure.
+
+At 1,000 nodes a round that judges every replica and GPU under every policy costs seconds, while between two
+rounds only the subjects whose node reported have anything new (docs/design.md, "Rounds at fleet scale"). The
+evaluator remembers, per policy and subject, that the last look found nothing, with what it looked at (the
+subject's fields and the span of its history: ``_mark``) and the next moment time alone could change the answer
+(``_recheck``). A subject is judged again when its mark moved, when that moment came, or when the last look
+found something (a finding's figures move with the clock: it is never reused). Everything else about a round
+is as ``evaluate`` does it: the same scopes, in the same order, the same ``actions_for``.
+
+When time alone changes an answer, for detectors that read samples inside windows ending now: when a sample
+leaves one of the condition's windows (``for``, ``within``, ``lookback``), which is also when a history too short
+to anchor a ``for`` first covers it; when the newest sample turns stale; when ``for`` has passed since the
+replica's state began (a WEDGED engine's stall); and, for a leak, when the trend's time to the limit comes within
+the horizon (``leak_due``). Conditions whose answer can move otherwise are judged every round: Alertmanager's
+alerts, silent nodes (both cheap: no histories), and the max-num-seqs governor, which judges a model's replicas
+together (any report of the model is news to it).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from controlplane.policy.actions import LowerMaxNumSeqsAction
+from controlplane.policy.conditions import (
+    Condition,
+    CrashLoopCondition,
+    EccCondition,
+    ErrorRateCondition,
+    LeakCondition,
+    OomCrashCondition,
+    StallCondition,
+    ThermalCondition,
+    ThresholdCondition,
+    XidCondition,
+)
+from controlplane.policy.detectors.findings import STALE_AFTER_SECONDS, Finding
+from controlplane.policy.detectors.leak import leak_due
+from controlplane.policy.evaluate import (
+    GPU_CONDITIONS,
+    actions_for,
+    detect_gpu,
+    detect_replica,
+    evaluate_policy,
+    in_scope_gpus,
+    in_scope_replicas,
+)
+from controlplane.policy.policy import Policy
+from controlplane.policy.proposals import ProposedAction
+from controlplane.policy.snapshot import FleetSnapshot, Gpu, Replica
+
+REPLICA_CONDITIONS = (ThresholdCondition, ErrorRateCondition, StallCondition, LeakCondition, CrashLoopCondition,
+                      OomCrashCondition)
+_STALE = timedelta(seconds=STALE_AFTER_SECONDS)
+
+
+@dataclass(frozen=True)
+class _Quiet:
+    """A subject on which a policy found nothing: what it looked at, when, and until when that holds."""
+
+    mark: tuple[Any, ...]
+    at: datetime
+    until: datetime | None  # None: until the mark moves
+
+
+def _history_span(history: Sequence[Any]) -> tuple[Any, ...]:
+    # A history gains samples at its end (or, reported late, inside) and loses them at its start: its length and
+    # both ends tell every change apart.
+    return (len(history), history[0].at, history[-1].at) if history else (0,)
+
+
+def _replica_mark(replica: Replica, snapshot: FleetSnapshot, cond: Condition) -> tuple[Any, ...]:
+    fields = tuple(v for k, v in replica.__dict__.items() if k != "history")
+    if isinstance(cond, LeakCondition):  # the limit: the host's memory, or the replica's GPUs'
+        node = snapshot.node(replica.node)
+        fields += (None if node is None else node.memory_total_bytes,
+                   tuple(g.memory_total_bytes for g in snapshot.gpus_of(replica)))
+    return fields + _history_span(replica.history)
+
+
+def _gpu_mark(gpu: Gpu) -> tuple[Any, ...]:
+    return tuple(v for k, v in gpu.__dict__.items() if k != "history") + _history_span(gpu.history)
+
+
+def _windows(cond: Condition) -> tuple[float, ...]:
+    if isinstance(cond, ThresholdCondition | ErrorRateCondition | StallCondition | ThermalCondition):
+        return (cond.for_,)
+    if isinstance(cond, XidCondition | EccCondition):
+        return (cond.within,)
+    if isinstance(cond, LeakCondition):
+        return (cond.lookback,)
+    return ()
+
+
+def _at(sample: Any) -> datetime:
+    at: datetime = sample.at
+    return at
+
+
+def _recheck(cond: Condition, history: Sequence[Any], since: datetime | None, now: datetime) -> datetime | None:
+    """The first moment, at or after ``now``, from which time alone could change what ``cond`` finds on a subject
+    with this history (None: only a new input can). A moment equal to ``now`` means "any later round": window
+    bounds are inclusive in some detectors and exclusive in others, so each edge counts from the instant it is
+    reached."""
+    moments: list[datetime] = []
+    for window in _windows(cond):
+        span = timedelta(seconds=window)
+        # The oldest sample still inside the window leaves it next (and a history too short for a ``for`` first
+        # covers it then).
+        first = bisect_left(history, now - span, key=_at)
+        if first < len(history):
+            moments.append(history[first].at + span)
+        if since is not None:  # ``for`` since the replica's state began (a WEDGED verdict held long enough)
+            moments.append(since + span)
+    if history:
+        moments.append(history[-1].at + _STALE)  # the newest sample turns stale
+        ahead = bisect_right(history, now, key=_at)
+        if ahead < len(history):  # stamped after this round's clock (a skewed agent): it enters later
+            moments.append(history[ahead].at)
+    later = [m for m in moments if m >= now]
+    return min(later) if later else None
+
+
+class Evaluator:
+    """``evaluate`` across rounds, judging again only the subjects whose answer may have changed."""
+
+    def __init__(self) -> None:
+        # By the policy object: a changed file loads new objects, whose answers are not known yet.
+        self._quiet: dict[int, tuple[Policy, dict[str, _Quiet]]] = {}
+        self.judged = 0  # subjects judged by the last round (the rest were known quiet)
+        self.reused = 0
+
+    def clear(self) -> None:
+        self._quiet.clear()
+
+    def evaluate(self, policies: Sequence[Policy], snapshot: FleetSnapshot, now: datetime) -> list[ProposedAction]:
+        """What ``evaluate(policies, snapshot, now)`` returns, in the same order."""
+        kept = {id(p): (p, known[1] if (known := self._quiet.get(id(p))) and known[0] is p else {})
+                for p in policies}
+        self._quiet = kept
+        self.judged = self.reused = 0
+        out: list[ProposedAction] = []
+        for policy in policies:
+            cond = policy.condition
+            if not policy.enabled:
+                continue
+            if isinstance(policy.action, LowerMaxNumSeqsAction) or not isinstance(
+                    cond, REPLICA_CONDITIONS + GPU_CONDITIONS):
+                out += evaluate_policy(policy, snapshot, now)
+                continue
+            out += actions_for(policy, self._detect(policy, snapshot, now, kept[id(policy)][1]), snapshot)
+        return out
+
+    def _detect(self, policy: Policy, snapshot: FleetSnapshot, now: datetime,
+                quiet: dict[str, _Quiet]) -> list[Finding]:
+        cond = policy.condition
+        found: list[Finding] = []
+        seen: set[str] = set()
+        if isinstance(cond, GPU_CONDITIONS):
+            for gpu in in_scope_gpus(policy, snapshot):
+                key = gpu.key
+                seen.add(key)
+                mark = _gpu_mark(gpu)
+                if self._still_quiet(quiet.get(key), mark, now):
+                    continue
+                finding = detect_gpu(cond, gpu, now)
+                self._note(quiet, key, mark, now, finding, _recheck(cond, gpu.history, None, now))
+                if finding is not None:
+                    found.append(finding)
+        else:
+            for replica in in_scope_replicas(policy, snapshot):
+                key = replica.key
+                seen.add(key)
+                mark = _replica_mark(replica, snapshot, cond)
+                if self._still_quiet(quiet.get(key), mark, now):
+                    continue
+                finding = detect_replica(cond, replica, snapshot, now)
+                until = _recheck(cond, replica.history, replica.state_since, now)
+                if finding is None and isinstance(cond, LeakCondition) and replica.serving:
+                    due = leak_due(cond, replica, snapshot, now)
+                    until = due if until is None or (due is not None and due < until) else until
+                self._note(quiet, key, mark, now, finding, until)
+                if finding is not None:
+                    found.append(finding)
+        for gone in [k for k in quiet if k not in seen]:  # out of scope, or no longer in the fleet
+            del quiet[gone]
+        return found
+
+    def _still_quiet(self, known: _Quiet | None, mark: tuple[Any, ...], now: datetime) -> bool:
+        if known is None or known.mark != mark or now < known.at or (known.until is not None and now >= known.until):
+            self.judged += 1
+            return False
+        self.reused += 1
+        return True
+
+    @staticmethod
+    def _note(quiet: dict[str, _Quiet], key: str, mark: tuple[Any, ...], now: datetime, finding: Finding | None,
+              until: datetime | None) -> None:
+        if finding is None:
+            quiet[key] = _Quiet(mark=mark, at=now, until=until)
+        else:
+            quiet.pop(key, None)

@@ -1,0 +1,203 @@
+"""The incremental round proposes exactly what a full evaluation proposes, round after round.
+
+One recorded fleet history (seeded: breaches that start and end, a wedge, crashes, leaks, XIDs, ECC errors, heat,
+a node that goes silent, a skewed agent clock, replicas that come and go) is replayed as the store would hold
+it at each round's moment; rounds come at uneven times, several between two reports or one after a long gap.
+Every round, ``Evaluator.evaluate`` and ``evaluate`` must return the same proposals, figures and evidence
+included, and the evaluator must have reused most of its answers (or it saves nothing).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from agent.wire import ReplicaState
+from controlplane.policy.evaluate import evaluate
+from controlplane.policy.incremental import Evaluator
+from controlplane.policy.policy import Policy
+from controlplane.policy.snapshot import FleetSnapshot, Gpu, GpuReading, Node, Replica, ReplicaSample
+from controlplane.policy_files import DEFAULTS_DIR, load_directory
+from tests.policy.series import GiB, MiB, at
+
+INTERVAL = 5.0
+HISTORY = timedelta(minutes=15)
+
+EXTRA = """
+- name: rss-leak-fast
+  condition: {detector: leak, resource: rss, min_window: 120s, min_samples: 10, horizon: 50m, limit_bytes: 35000000000}
+  action: {kind: alert, severity: warning}
+- name: queue-slo
+  condition: {signal: requests_waiting, op: ">", threshold: 20, for: 30s}
+  action: {kind: alert, severity: page}
+- name: ttft-share
+  condition: {signal: ttft_p99_seconds, op: ">", threshold: 1.0, for: 40s, min_share: 0.5}
+  action: {kind: restart}
+"""
+
+
+@dataclass
+class Subject:
+    """One replica's or GPU's recorded readings, by time, and its latest state at each time."""
+
+    node: str
+    name: str
+    samples: list[ReplicaSample] = field(default_factory=list)
+    states: list[tuple[float, ReplicaState, float | None]] = field(default_factory=list)  # (t, state, since)
+    readings: list[GpuReading] = field(default_factory=list)
+
+
+def _record(seed: int, duration: float) -> tuple[list[Subject], list[Subject], dict[str, float]]:
+    """A fleet's history: replicas and GPUs on four nodes; node n3 goes silent half way; n2's clock runs 2 s
+    ahead; the last replica of n1 appears late."""
+    rng = random.Random(seed)
+    replicas: list[Subject] = []
+    gpus: list[Subject] = []
+    silent_from = {"n3": duration / 2}
+    for n in range(4):
+        node = f"n{n}"
+        skew = 2.0 if node == "n2" else 0.0
+        for k in range(3):
+            subject = Subject(node, f"r{k}")
+            start = 200.0 if (node, k) == ("n1", 2) else 0.0
+            breach = (rng.uniform(100, 500), rng.uniform(60, 300))  # (from, for how long)
+            wedge_at = rng.uniform(300, 700) if rng.random() < 0.3 else None
+            leak = rng.random() < 0.4
+            crash_at = rng.uniform(200, 800) if rng.random() < 0.2 else None
+            tokens = 1000.0
+            state: ReplicaState | None = None
+            t = start + rng.uniform(0, INTERVAL)
+            while t < min(duration, silent_from.get(node, duration)):
+                breaching = breach[0] <= t <= breach[0] + breach[1]
+                wedged = wedge_at is not None and t >= wedge_at
+                crashed = crash_at is not None and t >= crash_at
+                if not wedged:
+                    tokens += rng.uniform(300, 500) * INTERVAL
+                new_state = (ReplicaState.FATAL if crashed else ReplicaState.WEDGED if wedged
+                             else ReplicaState.READY)
+                if new_state != state:
+                    subject.states.append((t, new_state, t))
+                    state = new_state
+                subject.samples.append(ReplicaSample(
+                    at=at(t + skew),
+                    ttft_p99_seconds=(1.5 if breaching and rng.random() < 0.7 else 0.2) * rng.uniform(0.9, 1.1),
+                    itl_p99_seconds=(0.3 if breaching and rng.random() < 0.5 else 0.03) * rng.uniform(0.9, 1.1),
+                    requests_running=12.0, requests_waiting=30.0 if breaching else float(rng.randint(0, 3)),
+                    generation_tokens_total=tokens, generation_tokens_per_second=0.0 if wedged else 400.0,
+                    requests_per_second=5.0, errors_per_second=0.2 if breaching else 0.0,
+                    canary_ok=not wedged, canary_ttft_seconds=0.05,
+                    rss_bytes=int(20 * GiB + (t * 200 * MiB / 60 if leak else rng.uniform(0, 50 * MiB))),
+                    gpu_memory_bytes=120 * GiB, max_num_seqs=256, generation=1))
+                # Reports come every interval, now and then one late or lost.
+                t += INTERVAL * rng.choice([1, 1, 1, 1, 2, 0.5])
+            replicas.append(subject)
+        for index in range(2):
+            subject = Subject(node, str(index))
+            hot_from = rng.uniform(100, 700)
+            xid_at = rng.uniform(0, duration) if rng.random() < 0.5 else None
+            ecc_at = rng.uniform(0, duration) if rng.random() < 0.3 else None
+            t = rng.uniform(0, INTERVAL)
+            while t < min(duration, silent_from.get(node, duration)):
+                xid = xid_at is not None and t >= xid_at
+                subject.readings.append(GpuReading(
+                    at=at(t + skew), temperature_celsius=86.0 if t >= hot_from else 60.0,
+                    memory_used_bytes=100 * GiB, xid_events_total=1 if xid else 0,
+                    xids=(79,) if xid and t - xid_at < INTERVAL else (),  # type: ignore[operator]
+                    ecc_uncorrected_total=2 if ecc_at is not None and t >= ecc_at else 0,
+                    throttle_reasons=("thermal",) if t >= hot_from + 100 else ()))
+                t += INTERVAL
+            gpus.append(subject)
+    return replicas, gpus, silent_from
+
+
+def _snapshot(replicas: list[Subject], gpus: list[Subject], now_s: float) -> FleetSnapshot:
+    """The fleet as the store holds it at ``now_s``: samples received by then (a skewed agent's too), the window
+    of the history cache, and each replica's latest reported state."""
+    now = at(now_s)
+    since = now - HISTORY
+    out_replicas = []
+    last_report: dict[str, float] = {}
+    for s in replicas:
+        known = [p for p in s.samples if p.at - timedelta(seconds=2 if s.node == "n2" else 0) <= now]
+        if not known:
+            continue
+        last_report[s.node] = max(last_report.get(s.node, 0.0), (known[-1].at - at(0)).total_seconds())
+        state, state_since = ReplicaState.READY, None
+        for t, st, since_t in s.states:
+            if t <= now_s:
+                state, state_since = st, since_t
+        out_replicas.append(Replica.model_construct(
+            node=s.node, name=s.name, model=f"model-{s.name}", labels={}, gpus=[int(s.name[1]) % 2], state=state,
+            ready=state == ReplicaState.READY, managed=True,
+            state_since=None if state_since is None else at(state_since), engine_args=["--max-num-seqs", "256"],
+            generation=1, desired_generation=1, restarts_total=0,
+            last_exit_code=137 if state.value == "fatal" else None,
+            log_tail=["CUDA out of memory"] if state.value == "fatal" else [],
+            history=[p for p in known if p.at >= since], live_limits=None, desired_live_cap=None, engine_kind="vllm"))
+    out_gpus = []
+    for g in gpus:
+        known = [r for r in g.readings if r.at - timedelta(seconds=2 if g.node == "n2" else 0) <= now]
+        if not known:
+            continue
+        latest = known[-1]
+        out_gpus.append(Gpu.model_construct(
+            node=g.node, index=int(g.name), uuid=f"GPU-{g.node}-{g.name}", name="H200",
+            slowdown_temperature_celsius=89.0, memory_used_bytes=latest.memory_used_bytes,
+            memory_total_bytes=141 * GiB, throttle_reasons=list(latest.throttle_reasons),
+            xid_events_total=latest.xid_events_total or 0, last_xid=79 if latest.xid_events_total else None,
+            history=[r for r in known if r.at >= since]))
+    nodes = [Node.model_construct(name=f"n{n}", cordoned=False, cordoned_gpus=[], memory_total_bytes=512 * GiB,
+                                  last_report_at=at(last_report[f"n{n}"]) if f"n{n}" in last_report else None)
+             for n in range(4)]
+    return FleetSnapshot.model_construct(now=now, nodes=nodes, gpus=out_gpus, replicas=out_replicas, flag_trials=[],
+                                         external_alerts=[], reports_since=at(0), ready_floors={})
+
+
+def _policies(tmp_path: Path) -> list[Policy]:
+    (tmp_path / "extra.yaml").write_text(EXTRA)
+    return load_directory(DEFAULTS_DIR) + load_directory(tmp_path)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_round_proposes_what_a_full_evaluation_proposes(tmp_path: Path, seed: int) -> None:
+    policies = _policies(tmp_path)
+    replicas, gpus, _ = _record(seed, duration=1200.0)
+    rng = random.Random(seed * 7)
+    evaluator = Evaluator()
+    now_s, rounds, kinds, judged, reused = 1.0, 0, set(), 0, 0
+    while now_s < 1200.0:
+        snapshot = _snapshot(replicas, gpus, now_s)
+        proposed = evaluate(policies, snapshot, snapshot.now)
+        full = [a.model_dump() for a in proposed]
+        incremental = [a.model_dump() for a in evaluator.evaluate(policies, snapshot, snapshot.now)]
+        assert incremental == full, f"round at {now_s:.2f} s differs"
+        kinds |= {(a.policy, a.kind) for a in proposed}
+        judged += evaluator.judged
+        reused += evaluator.reused
+        rounds += 1
+        # Rounds at uneven times: quick ones between reports, and now and then a long gap.
+        now_s += rng.choice([0.25, 0.5, 1.0, 1.7, 2.5, 5.0, 5.0, 12.0, 45.0])
+    # The history made every kind of detector speak at least once, or the comparison proved little.
+    policies_seen = {p for p, _ in kinds}
+    assert {"ttft-slo", "stall", "crash-loop", "thermal", "rss-leak-fast", "queue-slo", "ttft-share",
+            "node-unreachable"} <= policies_seen, policies_seen
+    assert rounds > 100
+    assert reused > (judged + reused) / 3, (judged, reused)  # answers carried over from earlier rounds
+
+
+def test_a_changed_policy_is_judged_afresh(tmp_path: Path) -> None:
+    policies = _policies(tmp_path)
+    replicas, gpus, _ = _record(4, duration=300.0)
+    evaluator = Evaluator()
+    snapshot = _snapshot(replicas, gpus, 250.0)
+    evaluator.evaluate(policies, snapshot, snapshot.now)
+    stricter = [p.model_copy(update={"condition": p.condition.model_copy(update={"threshold": 0.0})})
+                if p.name == "queue-slo" else p for p in policies]
+    later = _snapshot(replicas, gpus, 250.5)
+    assert ([a.model_dump() for a in evaluator.evaluate(stricter, later, later.now)]
+            == [a.model_dump() for a in evaluate(stricter, later, later.now)])
+    assert any(a.policy == "queue-slo" for a in evaluate(stricter, later, later.now))
