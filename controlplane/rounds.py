@@ -25,6 +25,7 @@ from controlplane.remediation.executor import apply_approved
 from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.loop import RoundResult, run_round
 from controlplane.remediation.policyset import PolicySet
+from controlplane.remediation.snapshot import FleetRows
 from controlplane.store.db import session_scope
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class PolicyRounds:
         self.samples = SampleHistory(timedelta(seconds=config.policy_history_seconds))
         # The rounds' memory of quiet subjects: each round judges again only what may have changed since.
         self.evaluator = Evaluator()
+        # The replicas' and GPUs' latest rows: each round reads those of the nodes that reported since.
+        self.rows = FleetRows()
         self._running = threading.Lock()
         self._next_round_at = 0.0
         self._next_follow_at = 0.0
@@ -86,6 +89,7 @@ class PolicyRounds:
             if self._forget:
                 self.samples.clear()
                 self.evaluator.clear()
+                self.rows.clear()
                 self._forget = False
             with session_scope(self._sessions) as session:
                 added = self.samples.refresh(session, self._clock())
@@ -124,6 +128,7 @@ class PolicyRounds:
         if self._forget:
             self.samples.clear()  # another replica led in between: what it stored is read afresh
             self.evaluator.clear()
+            self.rows.clear()
             self._forget = False
         result = None
         if self._config.policies_enabled:
@@ -134,7 +139,7 @@ class PolicyRounds:
                                    guard_config=self.guard_config,
                                    history=timedelta(seconds=self._config.policy_history_seconds),
                                    samples=self.samples, reports_since=self.reports_since,
-                                   evaluator=self.evaluator)
+                                   evaluator=self.evaluator, rows=self.rows)
             self.last_round = result
             if result.recorded:
                 log.info("policy round: %d proposed, recorded %s", result.proposed, result.recorded)

@@ -60,11 +60,12 @@ _STALE = timedelta(seconds=STALE_AFTER_SECONDS)
 
 @dataclass(frozen=True)
 class _Quiet:
-    """A subject on which a policy found nothing: what it looked at, when, and until when that holds."""
+    """A subject on which a policy found nothing: which version of it was looked at, when, and until when that
+    holds."""
 
-    mark: tuple[Any, ...]
+    version: int
     at: datetime
-    until: datetime | None  # None: until the mark moves
+    until: datetime | None  # None: until the subject changes
 
 
 def _history_span(history: Sequence[Any]) -> tuple[Any, ...]:
@@ -73,17 +74,39 @@ def _history_span(history: Sequence[Any]) -> tuple[Any, ...]:
     return (len(history), history[0].at, history[-1].at) if history else (0,)
 
 
-def _replica_mark(replica: Replica, snapshot: FleetSnapshot, cond: Condition) -> tuple[Any, ...]:
-    fields = tuple(v for k, v in replica.__dict__.items() if k != "history")
-    if isinstance(cond, LeakCondition):  # the limit: the host's memory, or the replica's GPUs'
-        node = snapshot.node(replica.node)
-        fields += (None if node is None else node.memory_total_bytes,
-                   tuple(g.memory_total_bytes for g in snapshot.gpus_of(replica)))
-    return fields + _history_span(replica.history)
+def _replica_mark(replica: Replica, snapshot: FleetSnapshot) -> tuple[Any, ...]:
+    """Everything a replica detector reads of one replica: its fields, its history's span, and a leak's limit
+    (the host's memory, or its GPUs')."""
+    node = snapshot.node(replica.node)
+    return (*(v for k, v in replica.__dict__.items() if k != "history"), *_history_span(replica.history),
+            None if node is None else node.memory_total_bytes,
+            tuple(g.memory_total_bytes for g in snapshot.gpus_of(replica)))
 
 
 def _gpu_mark(gpu: Gpu) -> tuple[Any, ...]:
-    return tuple(v for k, v in gpu.__dict__.items() if k != "history") + _history_span(gpu.history)
+    return (*(v for k, v in gpu.__dict__.items() if k != "history"), *_history_span(gpu.history))
+
+
+class _Versions:
+    """A version per subject, moved whenever what the detectors read of it changed since the last round."""
+
+    def __init__(self) -> None:
+        self._marks: dict[str, tuple[Any, ...]] = {}
+        self._versions: dict[str, int] = {}
+        self._last = 0  # versions are never reused: a subject that left and came back is new
+
+    def update(self, marks: dict[str, tuple[Any, ...]]) -> None:
+        versions = {}
+        for key, mark in marks.items():
+            version = self._versions.get(key)
+            if version is None or self._marks.get(key) != mark:
+                self._last += 1
+                version = self._last
+            versions[key] = version
+        self._marks, self._versions = marks, versions
+
+    def __getitem__(self, key: str) -> int:
+        return self._versions[key]
 
 
 def _windows(cond: Condition) -> tuple[float, ...]:
@@ -101,28 +124,42 @@ def _at(sample: Any) -> datetime:
     return at
 
 
-def _recheck(cond: Condition, history: Sequence[Any], since: datetime | None, now: datetime) -> datetime | None:
+def _recheck(cond: Condition, history: Sequence[Any], since: datetime | None, now: datetime, key: str,
+             moments: dict[tuple[str, float], datetime | None]) -> datetime | None:
     """The first moment, at or after ``now``, from which time alone could change what ``cond`` finds on a subject
     with this history (None: only a new input can). A moment equal to ``now`` means "any later round": window
     bounds are inclusive in some detectors and exclusive in others, so each edge counts from the instant it is
-    reached."""
-    moments: list[datetime] = []
-    for window in _windows(cond):
+    reached. ``moments``: this round's answers by subject and window, shared by the policies."""
+    found: list[datetime | None] = [_moment(history, since, now, key, -1.0, moments)]
+    found += [_moment(history, since, now, key, window, moments) for window in _windows(cond)]
+    known = [m for m in found if m is not None]
+    return min(known) if known else None
+
+
+def _moment(history: Sequence[Any], since: datetime | None, now: datetime, key: str, window: float,
+            moments: dict[tuple[str, float], datetime | None]) -> datetime | None:
+    """The first moment at or after ``now`` one window (``window`` < 0: none, the history's own edges) changes."""
+    if (key, window) in moments:
+        return moments[(key, window)]
+    found: list[datetime] = []
+    if window < 0:
+        if history:
+            found.append(history[-1].at + _STALE)  # the newest sample turns stale
+            ahead = bisect_right(history, now, key=_at)
+            if ahead < len(history):  # stamped after this round's clock (a skewed agent): it enters later
+                found.append(history[ahead].at)
+    else:
         span = timedelta(seconds=window)
         # The oldest sample still inside the window leaves it next (and a history too short for a ``for`` first
         # covers it then).
         first = bisect_left(history, now - span, key=_at)
         if first < len(history):
-            moments.append(history[first].at + span)
+            found.append(history[first].at + span)
         if since is not None:  # ``for`` since the replica's state began (a WEDGED verdict held long enough)
-            moments.append(since + span)
-    if history:
-        moments.append(history[-1].at + _STALE)  # the newest sample turns stale
-        ahead = bisect_right(history, now, key=_at)
-        if ahead < len(history):  # stamped after this round's clock (a skewed agent): it enters later
-            moments.append(history[ahead].at)
-    later = [m for m in moments if m >= now]
-    return min(later) if later else None
+            found.append(since + span)
+    later = [m for m in found if m >= now]
+    moments[(key, window)] = min(later) if later else None
+    return moments[(key, window)]
 
 
 class Evaluator:
@@ -131,11 +168,15 @@ class Evaluator:
     def __init__(self) -> None:
         # By the policy object: a changed file loads new objects, whose answers are not known yet.
         self._quiet: dict[int, tuple[Policy, dict[str, _Quiet]]] = {}
+        self._replicas = _Versions()
+        self._gpus = _Versions()
         self.judged = 0  # subjects judged by the last round (the rest were known quiet)
         self.reused = 0
 
     def clear(self) -> None:
         self._quiet.clear()
+        self._replicas = _Versions()
+        self._gpus = _Versions()
 
     def evaluate(self, policies: Sequence[Policy], snapshot: FleetSnapshot, now: datetime) -> list[ProposedAction]:
         """What ``evaluate(policies, snapshot, now)`` returns, in the same order."""
@@ -143,6 +184,9 @@ class Evaluator:
                 for p in policies}
         self._quiet = kept
         self.judged = self.reused = 0
+        self._replicas.update({r.key: _replica_mark(r, snapshot) for r in snapshot.replicas})
+        self._gpus.update({g.key: _gpu_mark(g) for g in snapshot.gpus})
+        moments: dict[tuple[str, float], datetime | None] = {}
         out: list[ProposedAction] = []
         for policy in policies:
             cond = policy.condition
@@ -152,55 +196,45 @@ class Evaluator:
                     cond, REPLICA_CONDITIONS + GPU_CONDITIONS):
                 out += evaluate_policy(policy, snapshot, now)
                 continue
-            out += actions_for(policy, self._detect(policy, snapshot, now, kept[id(policy)][1]), snapshot)
+            found = self._detect(policy, snapshot, now, kept[id(policy)][1], moments)
+            out += actions_for(policy, found, snapshot)
         return out
 
-    def _detect(self, policy: Policy, snapshot: FleetSnapshot, now: datetime,
-                quiet: dict[str, _Quiet]) -> list[Finding]:
+    def _detect(self, policy: Policy, snapshot: FleetSnapshot, now: datetime, quiet: dict[str, _Quiet],
+                moments: dict[tuple[str, float], datetime | None]) -> list[Finding]:
         cond = policy.condition
         found: list[Finding] = []
         seen: set[str] = set()
+        subjects: Sequence[Replica | Gpu]
         if isinstance(cond, GPU_CONDITIONS):
-            for gpu in in_scope_gpus(policy, snapshot):
-                key = gpu.key
-                seen.add(key)
-                mark = _gpu_mark(gpu)
-                if self._still_quiet(quiet.get(key), mark, now):
-                    continue
-                finding = detect_gpu(cond, gpu, now)
-                self._note(quiet, key, mark, now, finding, _recheck(cond, gpu.history, None, now))
-                if finding is not None:
-                    found.append(finding)
+            subjects, versions, prefix = in_scope_gpus(policy, snapshot), self._gpus, "gpu:"
         else:
-            for replica in in_scope_replicas(policy, snapshot):
-                key = replica.key
-                seen.add(key)
-                mark = _replica_mark(replica, snapshot, cond)
-                if self._still_quiet(quiet.get(key), mark, now):
-                    continue
-                finding = detect_replica(cond, replica, snapshot, now)
-                until = _recheck(cond, replica.history, replica.state_since, now)
-                if finding is None and isinstance(cond, LeakCondition) and replica.serving:
-                    due = leak_due(cond, replica, snapshot, now)
-                    until = due if until is None or (due is not None and due < until) else until
-                self._note(quiet, key, mark, now, finding, until)
-                if finding is not None:
-                    found.append(finding)
+            subjects, versions, prefix = in_scope_replicas(policy, snapshot), self._replicas, "replica:"
+        for subject in subjects:
+            key = subject.key
+            seen.add(key)
+            version = versions[key]
+            known = quiet.get(key)
+            if (known is not None and known.version == version and known.at <= now
+                    and (known.until is None or now < known.until)):
+                self.reused += 1
+                continue
+            self.judged += 1
+            if isinstance(subject, Gpu):
+                finding = detect_gpu(cond, subject, now)
+                since = None
+            else:
+                finding = detect_replica(cond, subject, snapshot, now)
+                since = subject.state_since
+            if finding is not None:
+                quiet.pop(key, None)
+                found.append(finding)
+                continue
+            until = _recheck(cond, subject.history, since, now, prefix + key, moments)
+            if isinstance(cond, LeakCondition) and isinstance(subject, Replica) and subject.serving:
+                due = leak_due(cond, subject, snapshot, now)
+                until = due if until is None or (due is not None and due < until) else until
+            quiet[key] = _Quiet(version=version, at=now, until=until)
         for gone in [k for k in quiet if k not in seen]:  # out of scope, or no longer in the fleet
             del quiet[gone]
         return found
-
-    def _still_quiet(self, known: _Quiet | None, mark: tuple[Any, ...], now: datetime) -> bool:
-        if known is None or known.mark != mark or now < known.at or (known.until is not None and now >= known.until):
-            self.judged += 1
-            return False
-        self.reused += 1
-        return True
-
-    @staticmethod
-    def _note(quiet: dict[str, _Quiet], key: str, mark: tuple[Any, ...], now: datetime, finding: Finding | None,
-              until: datetime | None) -> None:
-        if finding is None:
-            quiet[key] = _Quiet(mark=mark, at=now, until=until)
-        else:
-            quiet.pop(key, None)

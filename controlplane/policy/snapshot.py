@@ -8,6 +8,7 @@ the engine never reads a clock, it is handed ``now``.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -199,16 +200,48 @@ class FleetSnapshot(_Frozen):
     # detectors that judge capacity. A model not listed is judged by nothing of the kind.
     ready_floors: dict[str, int] = Field(default_factory=dict)
 
+    def _lookups(self) -> _Lookups:
+        """Nodes, GPUs and replicas by node and model, built once per snapshot: detectors ask per replica, and a
+        scan of 8,000 GPUs for each of 8,000 replicas is a round's worth of time. Kept beside the fields it was
+        built from, and built again for a copy whose lists differ."""
+        found: _Lookups | None = self.__dict__.get("_lookups_cache")
+        if found is None or not found.built_from(self):
+            found = _Lookups(self)
+            self.__dict__["_lookups_cache"] = found
+        return found
+
     def node(self, name: str) -> Node | None:
-        return next((n for n in self.nodes if n.name == name), None)
+        return self._lookups().nodes.get(name)
 
     def gpus_of(self, replica: Replica) -> list[Gpu]:
         """The GPUs a replica runs on (same node, listed indices)."""
-        return [g for g in self.gpus if g.node == replica.node and g.index in replica.gpus]
+        return [g for g in self._lookups().gpus_by_node.get(replica.node, ()) if g.index in replica.gpus]
 
     def replicas_on(self, node: str, gpu_index: int | None = None) -> list[Replica]:
         """Replicas of a node, or of one GPU of it."""
-        return [r for r in self.replicas if r.node == node and (gpu_index is None or gpu_index in r.gpus)]
+        return [r for r in self._lookups().replicas_by_node.get(node, ()) if gpu_index is None or gpu_index in r.gpus]
 
     def replicas_of_model(self, model: str) -> list[Replica]:
-        return [r for r in self.replicas if r.model == model]
+        return list(self._lookups().replicas_by_model.get(model, ()))
+
+
+class _Lookups:
+    """A snapshot's members by name, node and model, in the snapshot's order."""
+
+    def __init__(self, snapshot: FleetSnapshot) -> None:
+        self._sources = (snapshot.nodes, snapshot.gpus, snapshot.replicas)
+        self.nodes: dict[str, Node] = {}
+        for n in snapshot.nodes:
+            self.nodes.setdefault(n.name, n)  # the first of a name, as a scan would find
+        self.gpus_by_node: dict[str, list[Gpu]] = defaultdict(list)
+        for g in snapshot.gpus:
+            self.gpus_by_node[g.node].append(g)
+        self.replicas_by_node: dict[str, list[Replica]] = defaultdict(list)
+        self.replicas_by_model: dict[str, list[Replica]] = defaultdict(list)
+        for r in snapshot.replicas:
+            self.replicas_by_node[r.node].append(r)
+            self.replicas_by_model[r.model].append(r)
+
+    def built_from(self, snapshot: FleetSnapshot) -> bool:
+        return all(a is b for a, b in zip(self._sources, (snapshot.nodes, snapshot.gpus, snapshot.replicas),
+                                          strict=True))

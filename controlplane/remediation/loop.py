@@ -32,7 +32,7 @@ from controlplane.remediation.alerting import raise_alert
 from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.planning import plan_restart, restart_deadline
 from controlplane.remediation.records import create, guard_state, record_decision
-from controlplane.remediation.snapshot import build_snapshot
+from controlplane.remediation.snapshot import FleetRows, build_snapshot
 from controlplane.store.models import ActionRow
 from controlplane.store.samples import subject_series
 
@@ -122,13 +122,15 @@ def _trip(session: Session, reason: str, now: datetime) -> None:
 
 def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_config: GuardConfig,
               history: timedelta, samples: SampleHistory | None = None,
-              reports_since: datetime | None = None, evaluator: Evaluator | None = None) -> RoundResult:
+              reports_since: datetime | None = None, evaluator: Evaluator | None = None,
+              rows: FleetRows | None = None) -> RoundResult:
     """Evaluate every policy against the stored fleet and record the guarded decisions (``samples``: the
     leader's history cache, read incrementally; ``reports_since``: when this control plane began to hear
     reports, before which no node's silence counts; ``evaluator``: the rounds' incremental evaluation, which
-    proposes what ``evaluate`` would, judging again only the subjects whose answer may have changed)."""
+    proposes what ``evaluate`` would, judging again only the subjects whose answer may have changed; ``rows``:
+    the leader's copy of the latest rows, read again only for the nodes that reported)."""
     result = RoundResult()
-    snapshot = build_snapshot(session=session, now=now, history=history, samples=samples)
+    snapshot = build_snapshot(session=session, now=now, history=history, samples=samples, rows=rows)
     models = Counter(r.model for r in snapshot.replicas)
     snapshot = snapshot.model_copy(update={
         "reports_since": reports_since,

@@ -51,38 +51,103 @@ def _histories(session: Session, kind: str, since: datetime,
     return found if models is None else {key: points for key, points in found.items() if key in models}
 
 
+_R = ReplicaRow.__table__.c
+_G = GpuRow.__table__.c
+_REPLICA_COLUMNS = (_R.node, _R.name, _R.model, _R.gpus, _R.state, _R.ready, _R.managed, _R.state_since,
+                    _R.engine_args, _R.generation, _R.restarts_total, _R.last_exit_code, _R.log_tail, _R.live_limits,
+                    _R.engine_kind)
+# Unpacked, not read as attributes: a result row's ``index`` is tuple.index.
+_GPU_COLUMNS = (_G.node, _G.index, _G.uuid, _G.name, _G.readings)
+# Nodes per query when reading the rows of those that reported (bounded IN lists).
+_NODES_PER_READ = 500
+
+
+class FleetRows:
+    """The leader's copy of the replicas' and GPUs' latest rows, read again only for the nodes that reported
+    since (a node's rows change only with its reports, which also move its ``last_report_at`` and sequence).
+
+    At 1,000 nodes reading and decoding every row was most of a round's snapshot (40,000 JSON columns); a
+    round now decodes the rows of the nodes that reported since the last one. The node list is read whole each
+    round (cordons, memory and report times are the nodes' own), and so are the desired generations and live
+    caps (operators and rollouts change them without a report). A node whose marker is read before its rows is
+    read again next round if a report landed in between, so nothing is missed."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[Any, list[Any], list[Any]]] = {}  # name -> (marker, replica rows, GPU rows)
+        self.read_nodes = 0  # nodes whose rows the last refresh read
+
+    def clear(self) -> None:
+        self._nodes.clear()
+
+    def refresh(self, session: Session, markers: dict[str, Any]) -> None:
+        stale = [name for name, marker in markers.items()
+                 if (known := self._nodes.get(name)) is None or known[0] != marker]
+        for name in [n for n in self._nodes if n not in markers]:
+            del self._nodes[name]  # forgotten: gone with its rows
+        fresh: dict[str, tuple[Any, list[Any], list[Any]]] = {name: (markers[name], [], []) for name in stale}
+        for i in range(0, len(stale), _NODES_PER_READ):
+            part = stale[i:i + _NODES_PER_READ]
+            for row in session.execute(select(*_REPLICA_COLUMNS).where(_R.node.in_(part))):
+                fresh[row.node][1].append(row)
+            for gpu in session.execute(select(*_GPU_COLUMNS).where(_G.node.in_(part))):
+                fresh[gpu[0]][2].append(gpu)
+        self._nodes.update(fresh)
+        self.read_nodes = len(stale)
+
+    def replicas(self, model: str | None) -> list[Any]:
+        return _in_order([r for _, replicas, _ in self._nodes.values() for r in replicas
+                          if model is None or r.model == model])
+
+    def gpus(self) -> list[Any]:
+        return _in_order([g for _, _, gpus in self._nodes.values() for g in gpus])
+
+
+def _in_order(rows: list[Any]) -> list[Any]:
+    """Rows by node, then replica name or GPU index: sorted here, not by the database, so the order is the same
+    whichever way they were read and whatever the database's collation."""
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return rows
+
+
+def _read_rows(session: Session, model: str | None) -> tuple[list[Any], list[Any] | None]:
+    replica_query = select(*_REPLICA_COLUMNS)
+    if model is not None:
+        replica_query = replica_query.where(_R.model == model)
+    gpus = None if model is not None else _in_order(list(session.execute(select(*_GPU_COLUMNS))))
+    return _in_order(list(session.execute(replica_query))), gpus
+
+
 def build_snapshot(*, session: Session, now: datetime, history: timedelta = timedelta(minutes=15),
-                   model: str | None = None, samples: SampleHistory | None = None) -> FleetSnapshot:
+                   model: str | None = None, samples: SampleHistory | None = None,
+                   rows: FleetRows | None = None) -> FleetSnapshot:
     """The fleet at ``now`` with ``history`` of samples; ``model`` limits replicas to one model (no GPUs then).
 
     With ``samples`` (the leader's cache) histories come from memory after reading only the new rows;
-    without, from the samples table. Latest state is read with plain column queries: at 8,000 replicas
-    the ORM's per-object bookkeeping cost more than the database did.
+    without, from the samples table. With ``rows`` (the leader's copy of the latest rows) only the nodes that
+    reported since are read. Latest state is read with plain column queries: at 8,000 replicas the ORM's
+    per-object bookkeeping cost more than the database did.
     """
     since = now - history
     use_history = history > timedelta(0)
     if samples is not None and use_history:
         samples.refresh(session, now)
+    node_rows = session.execute(select(NodeRow.name, NodeRow.cordoned, NodeRow.cordoned_gpus,
+                                       NodeRow.memory_total_bytes, NodeRow.last_report_at, NodeRow.last_sequence)
+                                .order_by(NodeRow.name)).all()
     nodes = [Node.model_construct(name=n.name, cordoned=n.cordoned, cordoned_gpus=list(n.cordoned_gpus or []),
                                   memory_total_bytes=n.memory_total_bytes, last_report_at=n.last_report_at)
-             for n in session.execute(select(NodeRow.name, NodeRow.cordoned, NodeRow.cordoned_gpus,
-                                             NodeRow.memory_total_bytes, NodeRow.last_report_at)
-                                      .order_by(NodeRow.name))]
-    r_cols = ReplicaRow.__table__.c
-    replica_query = select(r_cols.node, r_cols.name, r_cols.model, r_cols.gpus, r_cols.state, r_cols.ready,
-                           r_cols.managed, r_cols.state_since, r_cols.engine_args, r_cols.generation,
-                           r_cols.restarts_total, r_cols.last_exit_code, r_cols.log_tail, r_cols.live_limits,
-                           r_cols.engine_kind, DesiredReplica.generation.label("desired_generation"),
-                           DesiredReplica.live_cap.label("desired_live_cap")
-                           ).outerjoin(DesiredReplica, (DesiredReplica.node == r_cols.node)
-                                       & (DesiredReplica.name == r_cols.name)
-                           ).order_by(r_cols.node, r_cols.name)
-    if model is not None:
-        replica_query = replica_query.where(r_cols.model == model)
-    rows = session.execute(replica_query).all()
+             for n in node_rows]
+    if rows is not None:
+        rows.refresh(session, {n.name: (n.last_report_at, n.last_sequence) for n in node_rows})
+        replica_rows, gpu_rows = rows.replicas(model), None if model is not None else rows.gpus()
+    else:
+        replica_rows, gpu_rows = _read_rows(session, model)
+    desired = {(node, name): (generation, cap) for node, name, generation, cap in session.execute(
+        select(DesiredReplica.node, DesiredReplica.name, DesiredReplica.generation, DesiredReplica.live_cap))}
     stored: dict[tuple[str, str], list[Point]] = {}
     if use_history and samples is None:
-        stored = _histories(session, "replica", since, {(r.node, r.name) for r in rows} if model else None)
+        stored = _histories(session, "replica", since,
+                            {(r.node, r.name) for r in replica_rows} if model else None)
 
     def replica_history(node: str, name: str) -> list[ReplicaSample]:
         if not use_history:
@@ -91,17 +156,20 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
             return samples.replica(node, name, since)
         return [from_stored(at, v) for at, v in stored.get((node, name), [])]
 
-    replicas = [Replica.model_construct(
-        node=r.node, labels={}, name=r.name, model=r.model, gpus=list(r.gpus), state=ReplicaState(r.state),
-        ready=r.ready, managed=r.managed, state_since=r.state_since, engine_args=list(r.engine_args),
-        generation=r.generation, desired_generation=r.desired_generation,
-        restarts_total=r.restarts_total, last_exit_code=r.last_exit_code,
-        log_tail=list(r.log_tail), history=replica_history(r.node, r.name),
-        live_limits=reported(r.live_limits), desired_live_cap=r.desired_live_cap,
-        engine_kind=r.engine_kind if r.engine_kind in ADAPTERS else DEFAULT_ENGINE,
-    ) for r in rows]
+    replicas = []
+    for r in replica_rows:
+        wanted_generation, wanted_cap = desired.get((r.node, r.name), (None, None))
+        replicas.append(Replica.model_construct(
+            node=r.node, labels={}, name=r.name, model=r.model, gpus=list(r.gpus), state=ReplicaState(r.state),
+            ready=r.ready, managed=r.managed, state_since=r.state_since, engine_args=list(r.engine_args),
+            generation=r.generation, desired_generation=wanted_generation,
+            restarts_total=r.restarts_total, last_exit_code=r.last_exit_code,
+            log_tail=list(r.log_tail), history=replica_history(r.node, r.name),
+            live_limits=reported(r.live_limits), desired_live_cap=wanted_cap,
+            engine_kind=r.engine_kind if r.engine_kind in ADAPTERS else DEFAULT_ENGINE,
+        ))
     gpus: list[Gpu] = []
-    if model is None:
+    if gpu_rows is not None:
         gpu_stored = _histories(session, "gpu", since, None) if use_history and samples is None else {}
 
         def gpu_history(node: str, index: int) -> list[GpuReading]:
@@ -111,11 +179,7 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
                 return samples.gpu(node, index, since)
             return [gpu_reading(at, v) for at, v in gpu_stored.get((node, str(index)), [])]
 
-        g_cols = GpuRow.__table__.c
-        # Unpacked, not read as attributes: a result row's ``index`` is tuple.index.
-        for node, index, uuid, name, readings in session.execute(
-                select(g_cols.node, g_cols.index, g_cols.uuid, g_cols.name, g_cols.readings)
-                .order_by(g_cols.node, g_cols.index)):
+        for node, index, uuid, name, readings in gpu_rows:
             gpus.append(Gpu.model_construct(
                 node=node, index=index, uuid=uuid, name=name,
                 slowdown_temperature_celsius=readings.get("slowdown_temperature_celsius"),

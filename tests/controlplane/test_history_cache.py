@@ -134,3 +134,35 @@ def test_a_standby_that_followed_builds_the_snapshot_a_cold_leader_builds(client
     assert 0.9 in late and 0.7 in late  # the late commit landed, once
     assert sum(len(h) for _, h in _snapshot_histories(warm)[0]) == len(
         [s for r in table.replicas for s in r.history])
+
+
+def test_the_rounds_reread_only_the_nodes_that_reported_and_build_what_a_full_read_builds(
+        client: TestClient, clock: FakeClock) -> None:
+    from controlplane.fleet.desired import DesiredChange, set_desired
+    from controlplane.remediation.snapshot import FleetRows
+
+    ctx = client.app.state.pitstop  # type: ignore[attr-defined]
+    rows = FleetRows()
+
+    def both() -> tuple[Any, Any]:
+        with session_scope(ctx.sessions) as session:
+            cached = build_snapshot(session=session, now=clock.now, history=timedelta(0), rows=rows)
+            full = build_snapshot(session=session, now=clock.now, history=timedelta(0))
+        return cached.model_dump(), full.model_dump()
+
+    for node in ("gpu-b", "gpu-a", "gpu-c"):
+        _post(client, 0, node=node)
+    cached, full = both()
+    assert cached == full and rows.read_nodes == 3
+    _post(client, 1, node="gpu-b")  # one node reports: its rows alone are read again
+    cached, full = both()
+    assert cached == full and rows.read_nodes == 1
+    assert [r["history"] for r in cached["replicas"]] == [[]] * 6
+    with session_scope(ctx.sessions) as session:  # an operator's wish changes no report
+        set_desired(session=session, node="gpu-c", name="r1", change=DesiredChange(restart=True), now=clock.now)
+    cached, full = both()
+    assert cached == full and rows.read_nodes == 0
+    assert [r["desired_generation"] for r in cached["replicas"] if r["node"] == "gpu-c"] == [None, 2]
+    assert client.delete("/v1/nodes/gpu-a").status_code in (200, 204)  # forgotten: gone with its rows
+    cached, full = both()
+    assert cached == full and {r["node"] for r in cached["replicas"]} == {"gpu-b", "gpu-c"}
