@@ -286,6 +286,18 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         rules = rules_copy(tmp / "rules.yml", for_seconds=10 if quick else None, interval="5s" if quick else None)
         start_prometheus(tmp, procs, targets=[fleet.agent], alertmanager=am, rules=rules, control_plane=fleet.cp,
                          scrape_interval="5s" if quick else "15s", evaluation_interval="5s" if quick else "15s")
+        others = None
+        if args.fleet > 1:
+            # The rest of a large fleet (``--fleet``): synthetic nodes of 8 GPUs and 8 replicas each, reporting
+            # every 5 s from before the faults to the end, so the rounds judge the measured node among them.
+            from bench.cp_reports import _template
+            from bench.harness.report_agents import Background
+
+            # Their models are in the policies' scope ("p-"), so every round judges them all.
+            templates = [_template(f"node-{i:04d}", 8, 8).replace('"model":"model-', '"model":"p-fleet-')
+                         for i in range(args.fleet - 1)]
+            others = Background(fleet.cp, templates, interval=5.0, token="bench-agent-token").start()
+            time.sleep(10.0)  # every node has reported, and the rounds have read them once
         faults = start_faults(fleet, replicas, watch, by_name, policies)
         fault_at, poller, loop, loads = faults.at, faults.poller, faults.loop, faults.loads
         got: dict[str, dict[str, Any]] = {}
@@ -308,6 +320,8 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
             loop.__exit__()
         for load in loads:
             load.stop()
+        if others is not None:
+            others.stop()
     recorded = {f: poller.first_record(POLICY[f], "bench-node/3" if f == "hot" else "" if f == "ttft"
                                        else f"p-{REPLICA[f]}") for f in FAULTS}
     due = condition_due(fleet, policies, recorded)
@@ -375,6 +389,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--policy-for", type=float, default=5.0, help="seconds each policy condition must hold")
     p.add_argument("--timeout", type=float, default=300.0, help="longest wait for the stock alerts")
+    p.add_argument("--fleet", type=int, default=1,
+                   help="nodes in the fleet: the measured one, and synthetic nodes of 8 GPUs and 8 replicas")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fault_to_action.json")
     args = p.parse_args()
     if args.quick:
@@ -401,6 +417,7 @@ def main() -> int:
                 rows))
     write_json(args.out, "fault_to_action", {
         "settings": {"runs": args.runs, "policy_for_seconds": args.policy_for, "baseline": baseline_note,
+                     "fleet_nodes": args.fleet,
                      "policy_loop": "control plane's job" if server_runs_policies() else "stand-in (bench.harness)",
                      "hang_after_s": HANG_AFTER, "hot_after_s": HOT_AFTER},
         "medians": medians, "runs": runs})

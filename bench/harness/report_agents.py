@@ -173,3 +173,36 @@ class Fleet:
 
     def peak(self, table: dict[int, int], since: float, until: float) -> int:
         return max((n for second, n in table.items() if since <= second <= until), default=0)
+
+
+class Background:
+    """A ``Fleet`` reporting from a thread of its own until ``stop``: the rest of a fleet, around the nodes a
+    benchmark measures. Its reports are acknowledged or retried as an agent's would be."""
+
+    def __init__(self, base: str, templates: list[str], *, interval: float, token: str) -> None:
+        import threading
+
+        self._args = (base, templates, interval, token)
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.fleet: Fleet | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="background-fleet",
+                                        daemon=True)
+
+    async def _run(self) -> None:
+        base, templates, interval, token = self._args
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self.fleet = Fleet([base], templates, interval=interval, token=token, retry="jitter")
+        self._ready.set()
+        await self.fleet.run(self._stop)
+
+    def start(self) -> Background:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
