@@ -110,13 +110,18 @@ class PolicyRounds:
         if not self.due() or not self._running.acquire(blocking=False):
             return None
         started = self._monotonic()
+        primed = self.evaluator.primed
         try:
             result = self._round()
         finally:
             ended = self._monotonic()
             # Reading the whole window once per leader term is not the steady cost the duty cap is for: a new
-            # leader must not sit out minutes of rounds because its first one loaded the history.
+            # leader must not sit out minutes of rounds because its first one loaded the history. Nor is the
+            # first round that judges every subject (the incremental evaluation has nothing to go on yet): the
+            # rounds after it judge what changed.
             cold, self.samples.cold_seconds = self.samples.cold_seconds, 0.0
+            if not primed:
+                cold = ended - started
             self._next_round_at = round_pause(started + min(cold, ended - started), ended,
                                               self._config.policy_max_duty)
             if self._heap is not None:

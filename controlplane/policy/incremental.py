@@ -172,8 +172,10 @@ class Evaluator:
         self._gpus = _Versions()
         self.judged = 0  # subjects judged by the last round (the rest were known quiet)
         self.reused = 0
+        self.primed = False  # a round has judged every subject since this was made or cleared
 
     def clear(self) -> None:
+        self.primed = False
         self._quiet.clear()
         self._replicas = _Versions()
         self._gpus = _Versions()
@@ -198,6 +200,7 @@ class Evaluator:
                 continue
             found = self._detect(policy, snapshot, now, kept[id(policy)][1], moments)
             out += actions_for(policy, found, snapshot)
+        self.primed = True
         return out
 
     def _detect(self, policy: Policy, snapshot: FleetSnapshot, now: datetime, quiet: dict[str, _Quiet],
