@@ -31,7 +31,8 @@ def test_the_first_round_that_judges_everything_does_not_count_against_the_next(
     migrate(engine)
     # Monotonic readings in call order: each run reads it when asking whether it is due, at its start and end.
     ticks = iter([0.0, 0.0, 3.0, 3.0, 3.0, 5.0, 7.0, 20.0, 20.0, 20.5])
-    rounds = PolicyRounds(sessions=make_sessionmaker(engine), config=ServerConfig(database_url=url),
+    config = ServerConfig(database_url=url, policy_max_duty=0.25)
+    rounds = PolicyRounds(sessions=make_sessionmaker(engine), config=config,
                           clock=lambda: datetime(2026, 12, 1, tzinfo=UTC), monotonic=lambda: next(ticks))
     try:
         assert rounds.run() is not None  # 0 -> 3 s: the evaluator's first, whole judgement
