@@ -22,8 +22,9 @@ def ecc_increase(readings: list[GpuReading], now: datetime, within: float) -> in
     plane) the whole count counts, as the first reading after a reset does.
     """
     start = now - timedelta(seconds=within)
-    counts = [(r.at, r.ecc_uncorrected_total) for r in readings
-              if r.at <= now and r.ecc_uncorrected_total is not None]
+    # The count first: the readings of a GPU that reports none are then never compared by time.
+    counts = [(at, count) for r in readings if (count := r.ecc_uncorrected_total) is not None
+              and (at := r.at) <= now]
     before = [c for at, c in counts if at <= start]
     previous = before[-1] if before else 0
     rise = 0

@@ -128,7 +128,7 @@ def detect_stall(cond: StallCondition, replica: Replica, now: datetime) -> Findi
         if moved is None or moved:
             return None  # tokens moving: busy or slow, never wedged
         confirmed = any(s.canary_ok is False for s in run) or not cond.require_canary_failure
-        if not (canary_failing(run) or (all(_queued(s) for s in run) and confirmed)):
+        if not (canary_failing(run) or (confirmed and all(_queued(s) for s in run))):
             return None
         why = f"no generation token for {format_duration(cond.for_)}"
     latest = run[-1]

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from agent.gpu.xid import APPLICATION_XIDS, HARDWARE_XIDS, BlastRadius, classify_xid, describe_xid
 from controlplane.policy.conditions import XidCondition
-from controlplane.policy.detectors.findings import Finding, evidence_of
+from controlplane.policy.detectors.findings import Finding, evidence_of, upto
 from controlplane.policy.durations import format_duration
 from controlplane.policy.snapshot import Gpu
 
@@ -29,11 +29,15 @@ def new_xids(gpu: Gpu, now: datetime, within: float) -> int:
     Without readings that old, the whole counter counts (the first report after an agent start).
     """
     start = now - timedelta(seconds=within)
-    readings = [r for r in gpu.history if r.at <= now and r.xid_events_total is not None]
-    before = [r for r in readings if r.at <= start]
-    if not before:
+    history = gpu.history
+    # The baseline: the newest reading with a counter at or before both the window's start and now (the time-
+    # ordered history is searched, not scanned: 8,000 GPUs, three XID policies, each round).
+    before = upto(history, min(start, now))
+    last = next((history[i].xid_events_total for i in range(before - 1, -1, -1)
+                 if history[i].xid_events_total is not None), None)
+    if last is None:
         return gpu.xid_events_total
-    baseline = before[-1].xid_events_total or 0
+    baseline = last or 0
     # A counter that went down was reset by an agent or driver restart; count from zero.
     return gpu.xid_events_total - baseline if gpu.xid_events_total >= baseline else gpu.xid_events_total
 
