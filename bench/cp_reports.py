@@ -161,6 +161,9 @@ _WHOLE = {"requests_running", "requests_waiting", "generation_tokens_total", "pr
           "gpu_memory_bytes", "memory_used_bytes", "xid_events_total", "ecc_uncorrected_total", "power_watts",
           "temperature_celsius"}
 _FIXED = {"generation", "max_num_seqs", "flags_key", "canary_ok", "live_cap"}
+# Memory moves by megabytes between readings, not by a fifth: jittered that much, a flat process would look like
+# noise the leak detectors must fit a trend to.
+_SMOOTH = {"rss_bytes", "gpu_memory_bytes", "memory_used_bytes"}
 _VARIANTS = 97
 
 
@@ -193,7 +196,7 @@ def _variants(values: dict[str, object], seed: int, windows: bool = False) -> li
         copy: dict[str, object] = {}
         for name, value in values.items():
             if isinstance(value, float) and name not in _FIXED:
-                jittered = value * rng.uniform(0.8, 1.2)
+                jittered = value * (rng.uniform(0.999, 1.001) if name in _SMOOTH else rng.uniform(0.8, 1.2))
                 copy[name] = float(round(jittered)) if name in _WHOLE else jittered
             else:
                 copy[name] = value
