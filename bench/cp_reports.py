@@ -559,7 +559,7 @@ def resilience(args: argparse.Namespace) -> int:
                                                           concurrency=args.concurrency))
                             for retry in ("fixed", "jitter")]
         for outcome in outcomes:
-            result = {"run": run + 1, "backend": args.backend, "mode": args.mode, "seeded_rows": seeded, **outcome}
+            result = {"run": run + 1, "backend": args.backend, "mode": args.mode, "seeded_samples": seeded, **outcome}
             print(json.dumps(result), flush=True)
             results.append(result)
     groups: dict[str, list[dict[str, float | int | str]]] = {}

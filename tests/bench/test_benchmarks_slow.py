@@ -129,14 +129,14 @@ def test_control_plane_benchmark_keeps_up_and_times_its_rounds(tmp_path: Path) -
     doc = run_quick("cp_reports.py", tmp_path / "cp.json")
     [run] = doc["runs"]
     assert run["errors"] == 0 and run["late"] == 0, run
-    assert run["reports"] == 150 and run["seeded_rows"] == 50 * 16 * 24  # 2 minutes of history at 5 s
+    assert run["reports"] == 150 and run["seeded_samples"] == 50 * 16 * 24  # 2 minutes of history at 5 s
     # The policy process completed rounds while the reports came (the cold one and at least one more: how many
     # fall inside the 15 s measured window depends on the host's load and the duty cap), and the standalone
     # pass saw the whole fleet.
     assert run["server_rounds_total"] >= 2 and run["replicas"] == 400, run
     # A new leader reads the whole window; one interval later it reads only that interval's rows (the times are
     # reported, not compared: at this size evaluation dominates both passes and the host's load decides).
-    assert run["cold_rows_read"] >= run["seeded_rows"] > 0, run
+    assert run["cold_rows_read"] >= run["seeded_samples"] > 0, run
     assert 0 < run["warm_rows_read"] < run["cold_rows_read"] / 10, run
 
 
