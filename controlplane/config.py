@@ -181,6 +181,10 @@ class ServerConfig(BaseModel):
     # The policy process's niceness (0 to 19): on a busy host the scheduler serves the API first, so report
     # latency holds while a large fleet's round takes longer.
     policy_process_nice: int = Field(default=10, ge=0, le=19)
+    # Rounds spread by model over the control planes (docs/design.md, "Spreading rounds"): the number of model
+    # shards, beside one node shard. 1: the leader judges the whole fleet. More, on PostgreSQL: every control
+    # plane judges a fair share of the shards, each held as an advisory lock (SQLite: the leader holds them all).
+    policy_shards: int = Field(default=1, ge=1, le=256)
     # How much sample history a policy pass reads.
     policy_history_seconds: float = Field(default=900.0, gt=0)
     # A follower keeps that history current (a warm standby: taking the lead then reads seconds of samples, not

@@ -101,9 +101,16 @@ class Jobs:
         """Samples the policy rounds' history holds (the leader's window, or a warm standby's)."""
         return self.process.history_samples if self.process is not None else len(self.rounds.samples)
 
+    @property
+    def shards_held(self) -> int:
+        """Shards of the policy rounds this control plane holds (all of them on the leader unless spread)."""
+        if self.process is not None:
+            return self.process.shards_held
+        return len(self.rounds.part.held) if self.rounds.part is not None else 0
+
     def elect(self) -> bool:
         leader = self._leadership.tick()
-        if not leader and not self._config.policy_warm_standby:
+        if not leader and not self._config.policy_warm_standby and self._config.policy_shards == 1:
             self.rounds.forget()
         if self.process is not None:
             self.process.set_leader(leader)
@@ -147,7 +154,7 @@ class Jobs:
     def evaluate(self) -> RoundResult | None:
         """One policy round in this process (skipped when one is running or the duty cap says wait), then
         apply what it approved at once. A follower keeps the rounds' sample history current instead."""
-        if not self._leadership.is_leader:
+        if not self.rounds.holds(self._leadership.is_leader):
             if self._config.policy_warm_standby:
                 self.rounds.follow()
             return None
@@ -216,5 +223,6 @@ class Jobs:
             self._http.close()
         if self.process is not None:
             self.process.stop()
+        self.rounds.release()
         self._leadership.release()
         self._on_leadership(False)

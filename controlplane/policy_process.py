@@ -45,6 +45,8 @@ class PolicyProcess:
         self._leader: Synchronized[int] = _SPAWN.RawValue("b", 0)
         # Samples the policy process's history holds (leading or following), written after each round or follow.
         self._held: Synchronized[int] = _SPAWN.RawValue("q", 0)
+        # Shards of the policy rounds the policy process holds (docs/design.md, "Spreading rounds").
+        self._shards: Synchronized[int] = _SPAWN.RawValue("h", 0)
         self._poke = _SPAWN.Event()
         self._stop = _SPAWN.Event()
         # (duration, when it ended as Unix time) of each round.
@@ -54,7 +56,7 @@ class PolicyProcess:
         self._process = _SPAWN.Process(
             target=worker_main, name="pitstop-policy", daemon=True,
             args=(config, log_level, self._leader, self._poke, self._stop, self._rounds, os.getpid(),
-                  self._finished, self._held))
+                  self._finished, self._held, self._shards))
 
     def start(self) -> None:
         self._process.start()
@@ -70,6 +72,10 @@ class PolicyProcess:
     @property
     def history_samples(self) -> int:
         return int(self._held.value)
+
+    @property
+    def shards_held(self) -> int:
+        return int(self._shards.value)
 
     def alive(self) -> bool:
         return self._process.is_alive()
@@ -102,7 +108,8 @@ class PolicyProcess:
 
 def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int], poke: Event, stop: Event,
                 rounds: multiprocessing.Queue[tuple[float, float]], parent: int,
-                finished: multiprocessing.Queue[tuple[str, str]], held: Synchronized[int] | None = None) -> None:
+                finished: multiprocessing.Queue[tuple[str, str]], held: Synchronized[int] | None = None,
+                shards: Synchronized[int] | None = None) -> None:
     """The policy process: a round every ``policy_interval_seconds`` and after pokes, while the parent leads;
     while it follows, the same pace keeps the sample history current (``PolicyRounds.follow``).
 
@@ -141,7 +148,10 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
             due = None
             if stop.is_set():
                 break
-            if not leader.value:
+            holds = runner.holds(bool(leader.value))
+            if shards is not None:
+                shards.value = len(runner.part.held) if runner.part is not None else 0
+            if not holds:
                 if not config.policy_warm_standby:
                     if led:
                         runner.forget()
@@ -156,6 +166,7 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
             if held is not None:
                 held.value = len(runner.samples)
     finally:
+        runner.release()
         engine.dispose()
 
 

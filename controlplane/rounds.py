@@ -21,11 +21,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from controlplane.config import ServerConfig
 from controlplane.heap import HeapFreezer
 from controlplane.policy.incremental import Evaluator
+from controlplane.policy.shards import Part
 from controlplane.remediation.executor import apply_approved
 from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.loop import RoundResult, run_round
 from controlplane.remediation.policyset import PolicySet
 from controlplane.remediation.snapshot import FleetRows
+from controlplane.shards import shard_leases_for
 from controlplane.store.db import session_scope
 
 log = logging.getLogger(__name__)
@@ -63,11 +65,29 @@ class PolicyRounds:
         self.evaluator = Evaluator()
         # The replicas' and GPUs' latest rows: each round reads those of the nodes that reported since.
         self.rows = FleetRows()
+        # The shards this control plane's rounds judge (the leader: all of them, unless rounds are spread).
+        self.shards = shard_leases_for(config.database_url, config.policy_shards)
+        self.part: Part | None = None
         self._running = threading.Lock()
         self._next_round_at = 0.0
         self._next_follow_at = 0.0
         self._forget = False
         self.last_round: RoundResult | None = None
+
+    def holds(self, leader: bool) -> bool:
+        """Whether this control plane's rounds judge anything now: take or hand back shards between rounds
+        (never during one), and answer for the part held. ``leader``: whether this control plane leads."""
+        if self._running.acquire(blocking=False):
+            try:
+                self.part = self.shards.tick(leader)
+            finally:
+                self._running.release()
+        return self.part is not None
+
+    def release(self) -> None:
+        """Hand back every shard (this control plane stops)."""
+        self.shards.release()
+        self.part = None
 
     def forget(self) -> None:
         """Leadership was lost and this process will not follow: the next round reads the window afresh."""
@@ -144,7 +164,7 @@ class PolicyRounds:
                                    guard_config=self.guard_config,
                                    history=timedelta(seconds=self._config.policy_history_seconds),
                                    samples=self.samples, reports_since=self.reports_since,
-                                   evaluator=self.evaluator, rows=self.rows)
+                                   evaluator=self.evaluator, rows=self.rows, part=self.part)
             self.last_round = result
             if result.recorded:
                 log.info("policy round: %d proposed, recorded %s", result.proposed, result.recorded)

@@ -34,6 +34,7 @@ async def metrics(request: Request) -> Response:
     ctx.telemetry.leader.set(1 if ctx.leadership.is_leader else 0)
     ctx.telemetry.report_backlog.set(ctx.reports.pending)
     ctx.telemetry.history_samples.set(request.app.state.jobs.history_samples)
+    ctx.telemetry.shards_held.set(request.app.state.jobs.shards_held)
     # The store collector reads the database during the scrape: off the event loop. A scrape during a database
     # outage still serves latency and report counters (the collector leaves its own families out).
     body = await run_in_threadpool(generate_latest, ctx.telemetry.registry)

@@ -61,6 +61,11 @@ class Telemetry:
             "pitstop_cp_policy_history_samples", "Samples the policy rounds hold in memory: the leader's window, "
             "or a warm standby's (updated on each scrape).", registry=self.registry,
         )
+        self.shards_held = Gauge(
+            "pitstop_cp_policy_shards_held", "Shards of the policy rounds this control plane judges: every one on "
+            "the leader, a fair share of policy_shards + 1 each when rounds are spread (updated on each scrape).",
+            registry=self.registry,
+        )
         self.policy_round_seconds = Histogram(
             "pitstop_cp_policy_round_seconds", "Duration of one policy round on the leader (snapshot, evaluation, "
             "guardrails, records).", registry=self.registry,

@@ -54,6 +54,7 @@ from controlplane.policy.payloads import (
 )
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target, replica_target
+from controlplane.policy.shards import Part, judged_by_nodes
 from controlplane.policy.snapshot import FleetSnapshot, Gpu, Node, Replica, split_key
 
 GPU_CONDITIONS = (ThermalCondition, XidCondition, EccCondition)
@@ -262,6 +263,13 @@ def evaluate_policy(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> l
     return actions_for(policy, detect(policy, snapshot, now), snapshot)
 
 
-def evaluate(policies: Sequence[Policy], snapshot: FleetSnapshot, now: datetime) -> list[ProposedAction]:
-    """Every action the policies propose for the fleet at ``now``, in policy order. Pure: no IO, no clock."""
-    return [a for p in policies for a in evaluate_policy(p, snapshot, now)]
+def evaluate(policies: Sequence[Policy], snapshot: FleetSnapshot, now: datetime,
+             part: Part | None = None) -> list[ProposedAction]:
+    """Every action the policies propose for the fleet at ``now``, in policy order. Pure: no IO, no clock.
+
+    ``part``: the shards this control plane holds (``controlplane.policy.shards``); None or whole: all of it."""
+    if part is None or part.is_whole:
+        return [a for p in policies for a in evaluate_policy(p, snapshot, now)]
+    models = part.models_view(snapshot)
+    return [a for p in part.policies(policies)
+            for a in evaluate_policy(p, snapshot if judged_by_nodes(p) else models, now)]

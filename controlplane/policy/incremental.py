@@ -51,6 +51,7 @@ from controlplane.policy.evaluate import (
 )
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction
+from controlplane.policy.shards import Part, judged_by_nodes
 from controlplane.policy.snapshot import FleetSnapshot, Gpu, Replica
 
 REPLICA_CONDITIONS = (ThresholdCondition, ErrorRateCondition, StallCondition, LeakCondition, CrashLoopCondition,
@@ -180,26 +181,32 @@ class Evaluator:
         self._replicas = _Versions()
         self._gpus = _Versions()
 
-    def evaluate(self, policies: Sequence[Policy], snapshot: FleetSnapshot, now: datetime) -> list[ProposedAction]:
-        """What ``evaluate(policies, snapshot, now)`` returns, in the same order."""
+    def evaluate(self, policies: Sequence[Policy], snapshot: FleetSnapshot, now: datetime,
+                 part: Part | None = None) -> list[ProposedAction]:
+        """What ``evaluate(policies, snapshot, now, part)`` returns, in the same order. The part may change
+        between rounds (shards taken over or handed on): subjects new to it are judged afresh."""
+        part = part or Part.whole()
+        policies = part.policies(policies)
+        models = part.models_view(snapshot)
         kept = {id(p): (p, known[1] if (known := self._quiet.get(id(p))) and known[0] is p else {})
                 for p in policies}
         self._quiet = kept
         self.judged = self.reused = 0
-        self._replicas.update({r.key: _replica_mark(r, snapshot) for r in snapshot.replicas})
-        self._gpus.update({g.key: _gpu_mark(g) for g in snapshot.gpus})
+        self._replicas.update({r.key: _replica_mark(r, snapshot) for r in models.replicas})
+        self._gpus.update({g.key: _gpu_mark(g) for g in snapshot.gpus} if part.nodes else {})
         moments: dict[tuple[str, float], datetime | None] = {}
         out: list[ProposedAction] = []
         for policy in policies:
             cond = policy.condition
             if not policy.enabled:
                 continue
+            view = snapshot if judged_by_nodes(policy) else models
             if isinstance(policy.action, LowerMaxNumSeqsAction) or not isinstance(
                     cond, REPLICA_CONDITIONS + GPU_CONDITIONS):
-                out += evaluate_policy(policy, snapshot, now)
+                out += evaluate_policy(policy, view, now)
                 continue
-            found = self._detect(policy, snapshot, now, kept[id(policy)][1], moments)
-            out += actions_for(policy, found, snapshot)
+            found = self._detect(policy, view, now, kept[id(policy)][1], moments)
+            out += actions_for(policy, found, view)
         self.primed = True
         return out
 

@@ -10,7 +10,7 @@ after resolving is a new alert, and pages again. Delivery is the notifier's (``c
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -64,11 +64,13 @@ def raise_alert(*, session: Session, action: ActionRow, payload: AlertPayload, n
 
 
 def sync(*, session: Session, proposals: Sequence[ProposedAction], snapshot: FleetSnapshot,
-         policies: Mapping[str, Policy], now: datetime) -> list[int]:
+         policies: Mapping[str, Policy], now: datetime,
+         owns: Callable[[Policy | None, dict[str, Any]], bool] = lambda _policy, _labels: True) -> list[int]:
     """Refresh the alerts the policies still propose and resolve the ones that cleared; the ids resolved.
 
     ``proposals`` are every action the policies propose this round, before the guardrails: an alert held
-    back by its cooldown still holds.
+    back by its cooldown still holds. ``owns``: whether an alert is this round's to keep or resolve (rounds
+    spread over shards: ``Part.owns_alert``); the others' alerts are left as they are.
     """
     active = {(a.policy, a.target.key) for a in proposals if isinstance(a.payload, AlertPayload)}
     replicas = {f"replica:{r.key}" for r in snapshot.replicas}
@@ -82,6 +84,8 @@ def sync(*, session: Session, proposals: Sequence[ProposedAction], snapshot: Fle
             continue
         if (policy, target) in active:
             alert.last_seen_at = now
+            continue
+        if not owns(policies.get(policy), alert.labels):
             continue
         why = _cleared(policies.get(policy), alert, target, replicas, now)
         if why is not None:

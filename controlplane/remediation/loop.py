@@ -25,13 +25,14 @@ from controlplane.policy.lifecycle import OPEN, ActionState
 from controlplane.policy.payloads import AlertPayload, PlannedRestartPayload
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target
+from controlplane.policy.shards import Part, judged_by_nodes
 from controlplane.policy.signals import from_stored
 from controlplane.policy.snapshot import split_key
 from controlplane.remediation import alerting, breaker
 from controlplane.remediation.alerting import raise_alert
 from controlplane.remediation.history import SampleHistory
 from controlplane.remediation.planning import plan_restart, restart_deadline
-from controlplane.remediation.records import create, guard_state, record_decision
+from controlplane.remediation.records import create, guard_state, hold_guardrails, record_decision
 from controlplane.remediation.snapshot import FleetRows, build_snapshot
 from controlplane.store.models import ActionRow
 from controlplane.store.samples import subject_series
@@ -123,27 +124,38 @@ def _trip(session: Session, reason: str, now: datetime) -> None:
 def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_config: GuardConfig,
               history: timedelta, samples: SampleHistory | None = None,
               reports_since: datetime | None = None, evaluator: Evaluator | None = None,
-              rows: FleetRows | None = None) -> RoundResult:
+              rows: FleetRows | None = None, part: Part | None = None) -> RoundResult:
     """Evaluate every policy against the stored fleet and record the guarded decisions (``samples``: the
     leader's history cache, read incrementally; ``reports_since``: when this control plane began to hear
     reports, before which no node's silence counts; ``evaluator``: the rounds' incremental evaluation, which
     proposes what ``evaluate`` would, judging again only the subjects whose answer may have changed; ``rows``:
-    the leader's copy of the latest rows, read again only for the nodes that reported)."""
+    the leader's copy of the latest rows, read again only for the nodes that reported; ``part``: the shards this
+    control plane holds, None for the whole fleet).
+
+    Deciding and recording hold the guardrails' lock (``hold_guardrails``): control planes that hold other shards
+    decide one after another, each counting what the others recorded."""
     result = RoundResult()
     snapshot = build_snapshot(session=session, now=now, history=history, samples=samples, rows=rows)
     models = Counter(r.model for r in snapshot.replicas)
     snapshot = snapshot.model_copy(update={
         "reports_since": reports_since,
         "ready_floors": {m: guard_config.budget_for(m).floor(n) for m, n in models.items()}})
-    proposed = evaluate(policies, snapshot, now) if evaluator is None else evaluator.evaluate(policies, snapshot, now)
+    part = part or Part.whole()
+    proposed = (evaluate(policies, snapshot, now, part) if evaluator is None
+                else evaluator.evaluate(policies, snapshot, now, part))
     result.proposed = len(proposed)
-    result.next_due = next_due(policies, snapshot, now)
+    result.next_due = next_due([p for p in part.policies(policies) if not judged_by_nodes(p)],
+                               part.models_view(snapshot), now)
+    if part.nodes:
+        due = next_due([p for p in policies if judged_by_nodes(p)], snapshot, now)
+        result.next_due = min((d for d in (result.next_due, due) if d is not None), default=None)
     by_name = {p.name: p for p in policies}
     # Alerts the policies still propose hold; the ones they stopped proposing resolve once clear long enough.
     result.resolved = alerting.sync(session=session, proposals=proposed, snapshot=snapshot, policies=by_name,
-                                    now=now)
+                                    now=now, owns=part.owns_alert)
     if not proposed:
         return result
+    hold_guardrails(session)
     still_open = _open_actions(session)
     fresh = []
     for a in proposed:

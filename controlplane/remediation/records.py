@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any, Generic, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, Field
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from controlplane.policy import payloads as p
@@ -231,6 +231,21 @@ def record_decision(*, session: Session, decision: Decision, now: datetime, requ
                   requested_by=requested_by, policy=policy, approved_by=approved_by,
                   guardrails=[{"verdict": decision.verdict.value, "guardrail": decision.guardrail,
                                "reason": decision.reason}])
+
+
+GUARD_LOCK_ID = 0x7069_7467  # "pitg"; the leader lock is 0x70697474, the migration lock 0x70697473
+
+
+def hold_guardrails(session: Session) -> None:
+    """Take the fleet's guardrails for the rest of this transaction (docs/design.md, "Spreading rounds").
+
+    Control planes holding different shards decide at the same moments; each reads the open actions and the
+    guard state (rate window, budgets, breaker) and records its decisions under this lock, so the next one to
+    decide counts them, and the rate limit and the breaker hold fleet-wide. On PostgreSQL a transaction-level
+    advisory lock, released at commit or rollback (a control plane that dies mid-round releases it with its
+    connection). SQLite allows one writer and its leader holds every shard: nothing to take."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": GUARD_LOCK_ID})
 
 
 def guard_state(*, session: Session, now: datetime, window: timedelta = timedelta(hours=1)) -> GuardState:

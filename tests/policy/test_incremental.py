@@ -9,6 +9,7 @@ included, and the evaluator must have reused most of its answers (or it saves no
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -20,6 +21,8 @@ from agent.wire import ReplicaState
 from controlplane.policy.evaluate import evaluate
 from controlplane.policy.incremental import Evaluator
 from controlplane.policy.policy import Policy
+from controlplane.policy.proposals import ProposedAction
+from controlplane.policy.shards import Part, judged_by_nodes, shard_of
 from controlplane.policy.snapshot import FleetSnapshot, Gpu, GpuReading, Node, Replica, ReplicaSample
 from controlplane.policy_files import DEFAULTS_DIR, load_directory
 from tests.policy.series import GiB, MiB, at
@@ -201,3 +204,46 @@ def test_a_changed_policy_is_judged_afresh(tmp_path: Path) -> None:
     assert ([a.model_dump() for a in evaluator.evaluate(stricter, later, later.now)]
             == [a.model_dump() for a in evaluate(stricter, later, later.now)])
     assert any(a.policy == "queue-slo" for a in evaluate(stricter, later, later.now))
+
+
+def _sorted(actions: list[ProposedAction]) -> list[str]:
+    return sorted(json.dumps(a.model_dump(mode="json"), sort_keys=True) for a in actions)
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_shards_spread_over_control_planes_propose_together_what_one_whole_round_does(tmp_path: Path,
+                                                                                        seed: int) -> None:
+    """Three control planes hold three model shards and the node shard between them; half way, shards move (a
+    control plane stopped, another took over). Every round, what they propose together is what one round over
+    the whole fleet proposes: nothing lost, nothing proposed twice."""
+    policies = _policies(tmp_path)
+    replicas, gpus, _ = _record(seed, duration=900.0)
+    count = 3
+    before = [Part.of(count, {0, count}), Part.of(count, {1}), Part.of(count, {2})]
+    after = [Part.of(count, {count}), Part.of(count, {0, 1}), Part.of(count, {2})]
+    evaluators = [Evaluator() for _ in before]
+    models = {f"model-{s.name}" for s in replicas}
+    assert {shard_of(m, count) for m in models} == set(range(count)), "every model shard has replicas"
+    now_s, rounds, spoken = 1.0, 0, set()
+    rng = random.Random(seed)
+    while now_s < 900.0:
+        snapshot = _snapshot(replicas, gpus, now_s)
+        parts = before if now_s < 450.0 else after
+        whole = evaluate(policies, snapshot, snapshot.now)
+        spread = [a for part, ev in zip(parts, evaluators, strict=True)
+                  for a in ev.evaluate(policies, snapshot, snapshot.now, part)]
+        assert _sorted(spread) == _sorted(whole), f"round at {now_s:.2f} s differs"
+        for part in parts:  # the pure evaluation of a part agrees with its incremental one
+            mine = [a for a in whole if (a.model is not None and not judged_by_nodes(_named(policies, a.policy))
+                                         and part.owns_model(a.model))
+                    or (judged_by_nodes(_named(policies, a.policy)) and part.nodes)]
+            assert _sorted(evaluate(policies, snapshot, snapshot.now, part)) == _sorted(mine)
+        spoken |= {a.policy for a in whole}
+        rounds += 1
+        now_s += rng.choice([0.5, 2.5, 5.0, 5.0, 12.0])
+    assert {"node-unreachable", "queue-slo", "crash-loop", "ecc-uncorrected", "itl-slo"} <= spoken, sorted(spoken)
+    assert rounds > 80
+
+
+def _named(policies: list[Policy], name: str) -> Policy:
+    return next(p for p in policies if p.name == name)
