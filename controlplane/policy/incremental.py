@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -60,13 +60,28 @@ _STALE = timedelta(seconds=STALE_AFTER_SECONDS)
 
 
 @dataclass(frozen=True)
+class _Inputs:
+    """What a quiet answer's ``until`` is worked out from, kept until a later round needs it."""
+
+    cond: Condition
+    history: Sequence[Any]
+    since: datetime | None
+    key: str
+    replica: Replica | None  # a serving replica under a leak condition (``leak_due``), with its snapshot
+    snapshot: FleetSnapshot | None
+
+
+@dataclass(frozen=True)
 class _Quiet:
     """A subject on which a policy found nothing: which version of it was looked at, when, and until when that
-    holds."""
+    holds. ``until`` is worked out only when a later round finds the same version (``pending`` until then):
+    where every node reports between two rounds, nearly every answer is judged again anyway, and working out
+    when each would have expired cost a third of such a round."""
 
     version: int
     at: datetime
     until: datetime | None  # None: until the subject changes
+    pending: _Inputs | None = None
 
 
 def _history_span(history: Sequence[Any]) -> tuple[Any, ...]:
@@ -171,6 +186,8 @@ class Evaluator:
         self._quiet: dict[int, tuple[Policy, dict[str, _Quiet]]] = {}
         self._replicas = _Versions()
         self._gpus = _Versions()
+        # ``_recheck``'s answers by the round they are for, shared by the policies (one subject, one window).
+        self._moments: dict[datetime, dict[tuple[str, float], datetime | None]] = {}
         self.judged = 0  # subjects judged by the last round (the rest were known quiet)
         self.reused = 0
         self.primed = False  # a round has judged every subject since this was made or cleared
@@ -194,7 +211,7 @@ class Evaluator:
         self.judged = self.reused = 0
         self._replicas.update({r.key: _replica_mark(r, snapshot) for r in models.replicas})
         self._gpus.update({g.key: _gpu_mark(g) for g in snapshot.gpus} if part.nodes else {})
-        moments: dict[tuple[str, float], datetime | None] = {}
+        self._moments.clear()
         out: list[ProposedAction] = []
         for policy in policies:
             cond = policy.condition
@@ -205,13 +222,24 @@ class Evaluator:
                     cond, REPLICA_CONDITIONS + GPU_CONDITIONS):
                 out += evaluate_policy(policy, view, now)
                 continue
-            found = self._detect(policy, view, now, kept[id(policy)][1], moments)
+            found = self._detect(policy, view, now, kept[id(policy)][1])
             out += actions_for(policy, found, view)
         self.primed = True
         return out
 
-    def _detect(self, policy: Policy, snapshot: FleetSnapshot, now: datetime, quiet: dict[str, _Quiet],
-                moments: dict[tuple[str, float], datetime | None]) -> list[Finding]:
+    def _settle(self, known: _Quiet) -> _Quiet:
+        """``known`` with its ``until``: the first moment after its look that time alone could change it."""
+        inputs = known.pending
+        assert inputs is not None
+        moments = self._moments.setdefault(known.at, {})
+        until = _recheck(inputs.cond, inputs.history, inputs.since, known.at, inputs.key, moments)
+        if inputs.replica is not None and inputs.snapshot is not None and isinstance(inputs.cond, LeakCondition):
+            due = leak_due(inputs.cond, inputs.replica, inputs.snapshot, known.at)
+            until = due if until is None or (due is not None and due < until) else until
+        return replace(known, until=until, pending=None)
+
+    def _detect(self, policy: Policy, snapshot: FleetSnapshot, now: datetime,
+                quiet: dict[str, _Quiet]) -> list[Finding]:
         cond = policy.condition
         found: list[Finding] = []
         seen: set[str] = set()
@@ -225,10 +253,12 @@ class Evaluator:
             seen.add(key)
             version = versions[key]
             known = quiet.get(key)
-            if (known is not None and known.version == version and known.at <= now
-                    and (known.until is None or now < known.until)):
-                self.reused += 1
-                continue
+            if known is not None and known.version == version and known.at <= now:
+                if known.pending is not None:
+                    known = quiet[key] = self._settle(known)
+                if known.until is None or now < known.until:
+                    self.reused += 1
+                    continue
             self.judged += 1
             if isinstance(subject, Gpu):
                 finding = detect_gpu(cond, subject, now)
@@ -240,11 +270,11 @@ class Evaluator:
                 quiet.pop(key, None)
                 found.append(finding)
                 continue
-            until = _recheck(cond, subject.history, since, now, prefix + key, moments)
-            if isinstance(cond, LeakCondition) and isinstance(subject, Replica) and subject.serving:
-                due = leak_due(cond, subject, snapshot, now)
-                until = due if until is None or (due is not None and due < until) else until
-            quiet[key] = _Quiet(version=version, at=now, until=until)
+            leaking = isinstance(cond, LeakCondition) and isinstance(subject, Replica) and subject.serving
+            quiet[key] = _Quiet(version=version, at=now, until=None, pending=_Inputs(
+                cond=cond, history=subject.history, since=since, key=prefix + key,
+                replica=subject if leaking and isinstance(subject, Replica) else None,
+                snapshot=snapshot if leaking else None))
         for gone in [k for k in quiet if k not in seen]:  # out of scope, or no longer in the fleet
             del quiet[gone]
         return found

@@ -247,3 +247,29 @@ def test_shards_spread_over_control_planes_propose_together_what_one_whole_round
 
 def _named(policies: list[Policy], name: str) -> Policy:
     return next(p for p in policies if p.name == name)
+
+
+def test_a_leak_whose_time_to_the_limit_enters_the_horizon_between_two_reports_is_found_then(tmp_path: Path) -> None:
+    """Time alone brings a steady leak within its horizon: the round after that moment finds it, though no
+    sample came since the one before (``leak_due``)."""
+    policies = [p for p in _policies(tmp_path) if p.name == "rss-leak-fast"]
+    leaky = Subject("n0", "r0")
+    for step in range(240):
+        t = step * INTERVAL
+        leaky.samples.append(ReplicaSample(
+            at=at(t), requests_running=12.0, requests_waiting=0.0, generation_tokens_total=1000.0 + 2000 * step,
+            generation_tokens_per_second=400.0, requests_per_second=5.0, canary_ok=True,
+            rss_bytes=int(20 * GiB + t * 200 * MiB / 60), gpu_memory_bytes=120 * GiB, max_num_seqs=256,
+            generation=1))
+    evaluator = Evaluator()
+    first_found: float | None = None
+    now_s = 100.0
+    while now_s < 1150.0:
+        snapshot = _snapshot([leaky], [], now_s)
+        whole = [a.model_dump() for a in evaluate(policies, snapshot, snapshot.now)]
+        assert [a.model_dump() for a in evaluator.evaluate(policies, snapshot, snapshot.now)] == whole, now_s
+        if whole and first_found is None:
+            first_found = now_s
+        now_s += 0.25
+    assert first_found is not None, "the leak came within its horizon during the replay"
+    assert first_found % INTERVAL != 0, "found between two reports, by time alone"
