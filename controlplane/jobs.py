@@ -110,8 +110,6 @@ class Jobs:
 
     def elect(self) -> bool:
         leader = self._leadership.tick()
-        if not leader and not self._config.policy_warm_standby and self._config.policy_shards == 1:
-            self.rounds.forget()
         if self.process is not None:
             self.process.set_leader(leader)
         self._on_leadership(leader)

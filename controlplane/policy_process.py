@@ -137,7 +137,6 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
     sessions = make_sessionmaker(engine)
     watch(sessions, lambda kind, state: finished.put((kind, state.value)))
     runner = PolicyRounds(sessions=sessions, config=config, clock=lambda: datetime.now(UTC), heap=HeapFreezer())
-    led = False
     due: datetime | None = None  # when a condition under way completes its for: (the last round's next_due)
     try:
         while not stop.is_set() and os.getppid() == parent:
@@ -152,16 +151,11 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
             if shards is not None:
                 shards.value = len(runner.part.held) if runner.part is not None else 0
             if not holds:
-                if not config.policy_warm_standby:
-                    if led:
-                        runner.forget()
-                else:
+                if config.policy_warm_standby:
                     _follow(runner)
                 if held is not None:
                     held.value = len(runner.samples)
-                led = False
                 continue
-            led = True
             due = _one_round(runner, rounds)
             if held is not None:
                 held.value = len(runner.samples)

@@ -76,12 +76,17 @@ class PolicyRounds:
 
     def holds(self, leader: bool) -> bool:
         """Whether this control plane's rounds judge anything now: take or hand back shards between rounds
-        (never during one), and answer for the part held. ``leader``: whether this control plane leads."""
+        (never during one), and answer for the part held. ``leader``: whether this control plane leads.
+
+        Holding nothing without ``policy_warm_standby``, the history is let go: another control plane judges
+        now, and this one reads the window afresh if it judges again (``forget``)."""
         if self._running.acquire(blocking=False):
             try:
                 self.part = self.shards.tick(leader)
             finally:
                 self._running.release()
+        if self.part is None and not self._config.policy_warm_standby:
+            self.forget()
         return self.part is not None
 
     def release(self) -> None:
@@ -90,7 +95,7 @@ class PolicyRounds:
         self.part = None
 
     def forget(self) -> None:
-        """Leadership was lost and this process will not follow: the next round reads the window afresh."""
+        """This control plane judges nothing now and will not follow: the next round reads the window afresh."""
         self._forget = True
 
     def follow(self) -> int | None:
