@@ -42,6 +42,14 @@ class Leadership(Protocol):
     def release(self) -> None: ...
 
 
+def lock_engine(url: str) -> Engine:
+    """An engine for a connection that holds session advisory locks: never pooled, so closing the connection
+    really ends the session, which is what releases its locks; TCP keepalives bound a silent network cut."""
+    return create_engine(url, poolclass=NullPool, connect_args={
+        "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+        "connect_timeout": 5})
+
+
 class SingleProcessLeadership:
     """Always the leader (SQLite, or tests that want the jobs to run)."""
 
@@ -64,10 +72,7 @@ class AdvisoryLockLeadership:
     """Leader while holding ``pg_advisory_lock(lock_id)`` on a connection of its own (never pooled)."""
 
     def __init__(self, url: str, *, lock_id: int = LEADER_LOCK_ID) -> None:
-        # NullPool: closing the connection really ends the session, which is what releases the lock.
-        self._engine: Engine = create_engine(url, poolclass=NullPool, connect_args={
-            "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
-            "connect_timeout": 5})
+        self._engine = lock_engine(url)
         self._lock_id = lock_id
         self._conn: Connection | None = None
         self._leader = False

@@ -24,10 +24,10 @@ import logging
 import threading
 from typing import Protocol
 
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, text
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.pool import NullPool
 
+from controlplane.leader import lock_engine
 from controlplane.policy.shards import Part
 
 log = logging.getLogger(__name__)
@@ -61,12 +61,10 @@ class AdvisoryShardLeases:
     """A fair share of ``count + 1`` shards, each held as ``pg_advisory_lock(SHARD_LOCK_CLASS, index)``."""
 
     def __init__(self, url: str, count: int) -> None:
-        # NullPool: closing the connection really ends the session, which is what releases the locks.
-        self._engine: Engine = create_engine(url, poolclass=NullPool, connect_args={
-            "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
-            "connect_timeout": 5})
+        self._engine = lock_engine(url)
         self._count = count
         self._conn: Connection | None = None
+        self._pid = 0  # the backend of ``_conn``: where this member stands in the split
         self._held: set[int] = set()
         self._mutex = threading.Lock()
         self._released = False  # the control plane stops: no shard is taken again
@@ -85,15 +83,15 @@ class AdvisoryShardLeases:
     def _share(self, conn: Connection, total: int) -> int:
         """This member's share: the shards split evenly over the members, the first ones by backend pid taking
         one more where they do not divide (every member computes the same split)."""
-        me = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+        me = self._pid
         members = sorted(int(pid) for pid in conn.execute(text(
             "SELECT DISTINCT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
             " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
             " AND classid = :class AND objid = 0 AND objsubid = 2"), {"class": MEMBER_LOCK_CLASS}).scalars())
         if me not in members:
-            members = sorted([*members, int(me or 0)])
+            members = sorted([*members, me])
         each, rest = divmod(total, len(members))
-        return each + (1 if members.index(int(me or 0)) < rest else 0)
+        return each + (1 if members.index(me) < rest else 0)
 
     def tick(self, leader: bool) -> Part | None:
         with self._mutex:
@@ -113,6 +111,7 @@ class AdvisoryShardLeases:
     def _balance(self) -> None:
         if self._conn is None:
             self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            self._pid = int(self._conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
             self._conn.execute(text("SELECT pg_advisory_lock_shared(:class, 0)"), {"class": MEMBER_LOCK_CLASS})
         conn = self._conn
         total = self._count + 1
