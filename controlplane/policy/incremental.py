@@ -270,11 +270,11 @@ class Evaluator:
                 quiet.pop(key, None)
                 found.append(finding)
                 continue
-            leaking = isinstance(cond, LeakCondition) and isinstance(subject, Replica) and subject.serving
+            leaking = (subject if isinstance(cond, LeakCondition) and isinstance(subject, Replica)
+                       and subject.serving else None)
             quiet[key] = _Quiet(version=version, at=now, until=None, pending=_Inputs(
-                cond=cond, history=subject.history, since=since, key=prefix + key,
-                replica=subject if leaking and isinstance(subject, Replica) else None,
-                snapshot=snapshot if leaking else None))
+                cond=cond, history=subject.history, since=since, key=prefix + key, replica=leaking,
+                snapshot=snapshot if leaking is not None else None))
         for gone in [k for k in quiet if k not in seen]:  # out of scope, or no longer in the fleet
             del quiet[gone]
         return found
