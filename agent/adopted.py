@@ -70,6 +70,9 @@ class AdoptedEngine:
         """The engine's last lines, from the log file it writes (its earlier lines included)."""
         return last_lines(self.log_path)
 
+    async def last_words(self) -> list[str]:
+        return self.log_tail()
+
     async def exited(self) -> int:
         await asyncio.shield(self._exited)
         return UNKNOWN_EXIT

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agent.container_settings import FieldError, check_container_settings
 from agent.live_cap import SCHEDULER_CLS, SCHEDULER_FLAG
 from agent.tls import normalise_pin
 from agent.wire import MAX_GPU_INDEX, NAME_PATTERN
@@ -116,6 +117,24 @@ class ReplicaConfig(_Strict):
     # A live cap on running requests, changed with no restart (``agent.live_limits``): the engine runs Pitstop's
     # scheduler plug-in. Opt-in: the plug-in uses a vLLM interface vLLM does not promise to keep.
     live_limits: bool = False
+    # What runs the engine (``agent.runtime``): a child process of the agent, or a Docker or Podman container
+    # (``agent.containers``; its settings below, checked by ``agent.container_settings``).
+    runtime: Literal["process", "container"] = "process"
+    image: str | None = None
+    pull: Literal["never", "missing", "always"] = "missing"  # air-gapped hosts: never
+    volumes: list[str] = Field(default_factory=list)  # HOST:CONTAINER[:ro], as Docker writes them
+    shm_size: int | str | None = None  # bytes, or 16g; vLLM's tensor-parallel workers share memory through it
+    ipc: Literal["host", "private", "shareable"] | None = None
+    network: Literal["host", "published"] = "host"  # published: the container's port on host:port
+
+    @model_validator(mode="after")
+    def _runtime_takes_its_settings(self) -> ReplicaConfig:
+        try:
+            check_container_settings(self.runtime, self.url, self.image, self.volumes, self.shm_size, self.ipc,
+                                     self.live_limits, self.model_fields_set)
+        except FieldError as exc:
+            raise FieldProblem(str(exc), exc.field) from None
+        return self
 
     @model_validator(mode="after")
     def _managed_or_attached(self) -> ReplicaConfig:
@@ -167,11 +186,15 @@ class ReplicaConfig(_Strict):
         return self.url.rstrip("/") if self.url else f"http://{self.host}:{self.port}"
 
     def argv(self, args: list[str] | None = None) -> list[str]:
-        """The engine's argv: the command template filled in, then the engine flags (``args`` overrides)."""
+        """The engine's argv: the command template filled in, then the engine flags (``args`` overrides).
+
+        A container with a published port listens on every address of its own network; the port is published on
+        ``host`` only."""
         engine = self.adapter
         template = self.command if self.command is not None else (
             [*SIM_COMMAND, *engine.sim_flags] if self.is_simulated else list(engine.command))
-        values = {"model": self.model, "host": self.host, "port": str(self.port)}
+        listen = "0.0.0.0" if self.runtime == "container" and self.network == "published" else self.host
+        values = {"model": self.model, "host": listen, "port": str(self.port)}
         flags = list(self.args if args is None else args)
         stop_flag = engine.shutdown.timeout_flag
         if self.shutdown_timeout is not None and stop_flag is not None and not names_flag(flags, stop_flag):
@@ -237,6 +260,11 @@ class AgentConfig(_Strict):
     # path, else from PATH or beside the agent's Python; never waited for longer than the timeout.
     py_spy: Path | None = None
     stack_dump_timeout: float = Field(default=10.0, gt=0, le=120)
+    # The container runtime (replicas with ``runtime: container``): the daemon's Docker Engine API, which Podman
+    # serves too (``podman system service``), and how a replica's ``gpus`` reach its container: the nvidia
+    # driver's device requests, CDI device names (nvidia.com/gpu=N), or none (no GPU: a simulator, a CPU build).
+    docker_host: str = Field(default="unix:///var/run/docker.sock", pattern=r"^(unix:///|tcp://)\S+$")
+    container_gpus: Literal["nvidia", "cdi", "none"] = "nvidia"
     replicas: list[ReplicaConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -334,7 +362,7 @@ def _default_node() -> str:
 # Environment overrides: only the scalar main settings; replicas belong in the file.
 _ENV_FIELDS = ("node", "host", "port", "control_plane", "token", "report_interval", "scrape_interval",
                "gpu_backend", "sim_gpu_dir", "sim_gpu_count", "recorded_gpu_file", "state_dir",
-               "control_plane_ca_file", "control_plane_pin_sha256")
+               "control_plane_ca_file", "control_plane_pin_sha256", "docker_host", "container_gpus")
 
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
@@ -384,8 +412,8 @@ def _format_errors(source: str, text: str, exc: ValidationError) -> str:
             loc = clash.loc
             there = f"{source}:{other}" if other else "its default or the environment"
             message = f"{clash} ({_field(clash.other)}: {there})"
-        elif isinstance(clash, FieldProblem):
-            loc, message = (*loc, clash.field), str(clash)
+        elif isinstance(clash, FieldProblem):  # "volumes.1": the field's second item
+            loc, message = (*loc, *(int(p) if p.isdigit() else p for p in clash.field.split("."))), str(clash)
         line = _line_of(text, loc) if text else None
         where = f"{source}:{line}" if line else source
         lines.append(f"{where}: {_field(loc)}: {message}")

@@ -178,6 +178,9 @@ class EngineProcess:
     def how_it_ended(self) -> str:
         return "still running" if self.proc.returncode is None else describe_exit(self.proc.returncode)
 
+    async def last_words(self) -> list[str]:
+        return self.log_tail()
+
     async def exited(self) -> int:
         """The leader's exit code, as soon as it exits.
 

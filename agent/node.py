@@ -27,7 +27,9 @@ from agent.attached import AttachedReplica
 from agent.backlog import Backlog
 from agent.canaries import Canaries
 from agent.config import AgentConfig
+from agent.containers import ContainerRuntime
 from agent.desired import DesiredStore, plan_wants
+from agent.docker_api import DockerApi
 from agent.exporter import AgentCollector, ExportState
 from agent.gpu import GpuBackend
 from agent.gpu.xid import XidLedger
@@ -75,13 +77,19 @@ class Agent:
         self.host_memory_bytes = int(psutil.virtual_memory().total)
         self.replicas: dict[str, Replica] = {}
         dumper = StackDumper(find_py_spy(config.py_spy), self.node, timeout=config.stack_dump_timeout, wall=wall)
+        # One client of the container daemon for every replica in a container (``agent.containers``).
+        self.docker = (DockerApi(config.docker_host) if any(s.runtime == "container" for s in config.replicas)
+                       else None)
         for spec in config.replicas:
             if spec.managed:
+                runtime = (ContainerRuntime(self.docker, self.node, spec, config.container_gpus)
+                           if self.docker is not None and spec.runtime == "container" else None)
                 self.replicas[spec.name] = ReplicaSupervisor(spec, client, self.state_dir, config.backoff,
                                                              wall=wall, poll_interval=poll_interval,
                                                              extra_env=config.engine_env(spec, os.environ),
                                                              dumper=dumper,
-                                                             wedge_canaries=config.wedge_canaries)
+                                                             wedge_canaries=config.wedge_canaries,
+                                                             runtime=runtime)
             else:
                 self.replicas[spec.name] = AttachedReplica(spec, client, config.scrape_interval, wall=wall,
                                                            wedge_canaries=config.wedge_canaries)
@@ -453,6 +461,8 @@ class Agent:
                 await asyncio.wait(tasks)
             self.canaries.cancel()
             server.exit()
+        if self.docker is not None:
+            await self.docker.close()
         self.gpu.close()
 
 

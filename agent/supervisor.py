@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -19,20 +18,18 @@ from typing import TypeVar
 
 import httpx
 
-from agent.adopted import AdoptedEngine
 from agent.backoff import FailureWindow
 from agent.config import BackoffConfig, ReplicaConfig
 from agent.desired import Want
 from agent.drain import drain
-from agent.engine_log import last_lines
-from agent.engine_proc import EngineProcess, reap_if_dead, with_exit
+from agent.engine_proc import reap_if_dead, with_exit
 from agent.event_journal import EventJournal
 from agent.live_limits import LiveCap
 from agent.phases import Outcome, first_of
-from agent.pidfile import PidFile, end_group
 from agent.probes import engine_ready, in_flight, served_model_name, stream_completion
 from agent.process_tree import client_connections
 from agent.progress import CanaryEvidence, Progress, ProgressWatch
+from agent.runtime import Engine, ProcessRuntime, Runtime, StartRefused
 from agent.stackdump import StackDumper
 from agent.states import RUNNING_STATES, ReplicaMachine, utc_now
 from agent.warmup import warmup_done, warmup_summary
@@ -51,12 +48,13 @@ class ReplicaSupervisor:
     def __init__(self, spec: ReplicaConfig, client: httpx.AsyncClient, state_dir: Path, backoff: BackoffConfig,
                  *, wall: Callable[[], datetime] = utc_now, mono: Callable[[], float] | None = None,
                  poll_interval: float = 0.5, extra_env: dict[str, str] | None = None,
-                 dumper: StackDumper | None = None, wedge_canaries: int = 2) -> None:
+                 dumper: StackDumper | None = None, wedge_canaries: int = 2,
+                 runtime: Runtime | None = None) -> None:
         self.spec = spec
         self.dumper = dumper
         self.client = client
-        self.log_path = state_dir / "logs" / f"{spec.name}.log"
-        self.pidfile = PidFile(state_dir / "run" / f"{spec.name}.pid")
+        # What starts and finds the engine (``agent.runtime``): a child process unless told otherwise.
+        self.runtime = runtime or ProcessRuntime(spec.name, state_dir, spec.log_max_bytes, spec.log_backups)
         self.mono = mono or (lambda: asyncio.get_running_loop().time())
         self.poll_interval = poll_interval
         self.extra_env = extra_env or {}
@@ -66,7 +64,7 @@ class ReplicaSupervisor:
         self.want = Want(spec.enabled, 0, list(spec.args))
         self.generation = 0
         self.args = list(spec.args)
-        self.proc: EngineProcess | AdoptedEngine | None = None
+        self.proc: Engine | None = None
         self.restarts_total = 0
         self.last_exit_code: int | None = None
         self.log_tail: list[str] = []
@@ -192,38 +190,42 @@ class ReplicaSupervisor:
             if self.proc is not None:
                 await self.proc.kill()
                 self.proc = None
-                self.pidfile.clear()
+                self.runtime.forget()
 
     async def _take_over_leftover(self) -> None:
-        """Adopt the engine a previous agent left (``agent.adopted``), judged from STARTING as a new one is: kept
-        when it runs the wanted generation, drained and stopped when not. One recorded without its generation
-        (an older agent's pid file) is ended."""
-        left = self.pidfile.left()
-        if left is not None and left.generation is not None:
-            self.proc = AdoptedEngine(left.pid, left.create_time, self.log_path, self.spec.log_max_bytes,
-                                      self.spec.log_backups)
-            self.generation, self.args = left.generation, list(left.args)
-            if self.live is not None:
-                self.live.adopted(self.want.live_cap)
-            self.machine.to(S.STARTING, f"adopted engine {left.pid} (generation {left.generation}) left by a "
-                                        "previous agent")
-            log.warning("replica %s: adopted engine %d left by a previous agent", self.spec.name, left.pid)
-            if self._interrupted():
-                await self._drain_and_stop()
-            elif await self._until_ready() and await self._warm():
-                self.machine.to(S.READY, warmup_summary(self.warmup_ttfts, self.spec.warmup))
+        """Adopt the engine a previous agent left (``agent.adopted``, ``agent.containers``), judged from STARTING
+        as a new one is: kept when it runs the wanted generation, drained and stopped when not. What is left and
+        not adopted (an older agent's record with no generation, a container of an older generation) is ended."""
+        try:
+            found = await self.runtime.take_over()
+        except StartRefused as exc:  # the runtime cannot be asked (a container daemon down): nothing to adopt
+            self.machine.note("orphan", f"cannot look for an engine left by a previous agent: {exc}")
+            log.warning("replica %s: cannot look for an engine left by a previous agent: %s", self.spec.name, exc)
+            found = None
+        await self._end_leftovers()
+        if found is None:
             return
-        await self._end_leftover()
+        self.proc = found.engine
+        self.generation, self.args = found.generation, list(found.args)
+        if self.live is not None:
+            self.live.adopted(self.want.live_cap)
+        self.machine.to(S.STARTING, f"adopted {found.what} (generation {found.generation}) left by a previous agent")
+        log.warning("replica %s: adopted %s left by a previous agent", self.spec.name, found.what)
+        if self._interrupted():
+            await self._drain_and_stop()
+        elif await self._until_ready() and await self._warm():
+            self.machine.to(S.READY, warmup_summary(self.warmup_ttfts, self.spec.warmup))
 
-    async def _end_leftover(self) -> None:
-        pid = self.pidfile.leftover()
-        if pid is not None:
-            self.machine.note("orphan", f"ending engine {pid} left by a previous agent")
-            log.warning("replica %s: ending engine %d left by a previous agent", self.spec.name, pid)
-            await asyncio.to_thread(end_group, pid, self.spec.stop_timeout)
-            # Its last lines, as its log file holds them, are the report's (``agent.engine_log``).
-            self.log_tail = last_lines(self.log_path)
-        self.pidfile.clear()
+    async def _end_leftovers(self) -> None:
+        try:
+            ended = await self.runtime.end_leftovers(self.spec.stop_timeout)
+        except StartRefused as exc:
+            log.warning("replica %s: cannot end what a previous agent left: %s", self.spec.name, exc)
+            return
+        for gone in ended:
+            self.machine.note("orphan", f"ended {gone.what} left by a previous agent")
+            log.warning("replica %s: ended %s left by a previous agent", self.spec.name, gone.what)
+            self.log_tail = gone.last_words
 
     async def _phase(self, work: Awaitable[T] | None, limit: float | None) -> tuple[Outcome, T | None]:
         """Wait for ``work``, the engine's exit, or a wake-up, whichever comes first (``agent.phases``)."""
@@ -241,18 +243,15 @@ class ReplicaSupervisor:
         self.canary_ok = self.canary_ttft = None
         argv = self.spec.argv(self.args)
         self.machine.to(S.STARTING, f"generation {self.generation}: {' '.join(argv)}")
-        env = {**os.environ, **self.extra_env, **self.spec.env, **self.pidfile.announce(self.generation, self.args),
-               "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.spec.gpus)}
+        env = self.runtime.environment({**self.extra_env, **self.spec.env,
+                                        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.spec.gpus)})
         if self.live is not None:
             env = self.live.starting(self.want.live_cap, env)
         try:
-            self.proc = await EngineProcess.spawn(argv, env, self.log_path, self.spec.log_max_bytes,
-                                                  self.spec.log_backups)
-        except OSError as exc:
-            self.pidfile.clear()
-            await self._failed(f"cannot start {argv[0]!r}: {exc}")
+            self.proc = await self.runtime.start(argv, env, self.generation, self.args)
+        except StartRefused as exc:
+            await self._failed(str(exc))
             return
-        self.pidfile.write(self.proc.pid, self.generation, self.args)
         if await self._until_ready() and await self._warm():
             self.machine.to(S.READY, warmup_summary(self.warmup_ttfts, self.spec.warmup))
 
@@ -352,7 +351,7 @@ class ReplicaSupervisor:
         if self.proc is not None:
             self.last_exit_code = await self.proc.stop(self.spec.stop_timeout)
             self.proc = None
-            self.pidfile.clear()
+            self.runtime.forget()
         self.machine.to(S.STOPPED, f"stopped (exit code {self.last_exit_code})")
 
     async def _reap(self, reason: str) -> None:
@@ -361,9 +360,9 @@ class ReplicaSupervisor:
         code = await self.proc.wait()
         await self.proc.kill()  # the leader is gone; its children must not outlive it
         self.last_exit_code = code
-        self.log_tail = self.proc.log_tail()  # read from the file after the group is gone: its last words too
+        self.log_tail = await self.proc.last_words()  # read after the engine is gone: its very last words too
         self.proc = None
-        self.pidfile.clear()
+        self.runtime.forget()
         self.machine.note("exit", f"{reason} (exit code {code})")
 
     async def _failed(self, reason: str) -> None:

@@ -10,6 +10,8 @@ needed=(
     "prometheus-alertmanager prometheus-alertmanager"    # alert routing to the control plane
     "haproxy haproxy"                                    # zero-drop restarts behind a real load balancer
     "prometheus-node-exporter prometheus-node-exporter"  # the agent's CPU cost measured beside node_exporter's
+    "podman podman"                                      # engines in containers, through the Docker API
+    "runc runc"                                          # podman's runtime in the tests (tests/containers)
 )
 
 have() {

@@ -89,6 +89,17 @@ def test_the_sample_agent_config_loads_with_its_env_file() -> None:
     assert config.control_plane is not None and config.control_plane.startswith("https://")
 
 
+def test_the_container_sample_runs_the_official_image_on_gpus_and_drains_within_the_units_stop() -> None:
+    config = load_agent_config(CONFIG / "agent-containers.yaml", env=env_file("agent.env", examples=True))
+    assert config.container_gpus == "nvidia" and config.docker_host == "unix:///var/run/docker.sock"
+    assert config.replicas and all(r.runtime == "container" and r.engine == "vllm" for r in config.replicas)
+    assert all((r.image or "").startswith("vllm/vllm-openai:v") for r in config.replicas)  # a pinned tag
+    stop_budget = float(unit("pitstop-agent.service")["Service.TimeoutStopSec"][0])
+    for replica in config.replicas:
+        assert replica.gpus and replica.volumes, replica.name
+        assert replica.drain_grace + replica.drain_timeout + replica.stop_timeout < stop_budget, replica.name
+
+
 def test_the_sample_server_config_loads_and_its_env_file_holds_the_receivers_secrets() -> None:
     state = unit("pitstop-server.service")["Service.WorkingDirectory"][0]
     alone = load_server_config(CONFIG / "server.yaml", env={})
