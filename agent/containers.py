@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import secrets
 import signal
 from collections.abc import Mapping
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 LABEL = "io.pitstop."
 NODE, REPLICA, GENERATION, ARGS, MARK = (LABEL + k for k in ("node", "replica", "generation", "args", "mark"))
-POLL_SECONDS = 0.2  # how often a running container's host pid is looked at
+POLL_SECONDS = 0.2  # how often a running container's host pid is looked at, where no pidfd can watch it
 EXIT_READ_SECONDS = 5.0  # how long an exit waits for the daemon to say its code
 LOG_LINES = 200
 
@@ -93,6 +94,37 @@ def _pid_created(pid: int) -> float | None:
         return None
 
 
+async def pid_exit(pid: int, created: float | None, poll: float = POLL_SECONDS) -> None:
+    """Return once process ``pid`` has exited. It is not the agent's child (conmon's or the shim's), so no wait()
+    reports it: a pidfd does, readable in the event loop the moment the process exits, with no polling (eight
+    containers polled five times a second cost the agent four times its CPU). Where pidfds are missing (Linux
+    before 5.3), the pid is polled every ``poll`` seconds."""
+    if not pid:
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        while not process_gone(pid, created):  # noqa: ASYNC110 - nothing to wait on without a pidfd
+            await asyncio.sleep(poll)
+        return
+    try:
+        if process_gone(pid, created):  # exited, or the pid reused, before the pidfd was opened
+            return
+        loop = asyncio.get_running_loop()
+        exited: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not exited.done():
+                exited.set_result(None)
+        loop.add_reader(fd, readable)
+        try:
+            await exited
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+
+
 def _signal_tree(pid: int, sig: signal.Signals) -> None:
     """``sig`` to the container's first process and every process under it, as seen from the host."""
     with contextlib.suppress(psutil.Error):
@@ -127,9 +159,7 @@ class ContainerEngine:
         return "still running" if self.returncode is None else self.ended
 
     async def _watch_exit(self) -> None:
-        # The container's first process is conmon's or the shim's child, not ours: nothing signals its exit here.
-        while self.pid and not process_gone(self.pid, self.created):  # noqa: ASYNC110
-            await asyncio.sleep(self._poll)
+        await pid_exit(self.pid, self.created, self._poll)
         state = await self._exit_state()
         self.ended = describe_exit(state)
         code = state.get("ExitCode") if state else None
@@ -295,9 +325,12 @@ class ContainerRuntime:
     async def take_over(self) -> Found | None:
         """The running container of this replica with the highest generation, adopted."""
         try:
-            listed = await self._ours()
+            return await self._take_over()
         except (DaemonUnreachable, DaemonError) as exc:
             raise StartRefused(str(exc)) from None
+
+    async def _take_over(self) -> Found | None:
+        listed = await self._ours()
         running = []
         for item in listed:
             labels = item.get("Labels") or {}
@@ -322,9 +355,12 @@ class ContainerRuntime:
     async def end_leftovers(self, grace: float) -> list[Ended]:
         """Every other container of this replica: a running one stopped (its last lines kept), all removed."""
         try:
-            listed = await self._ours()
+            return await self._end_leftovers(grace)
         except (DaemonUnreachable, DaemonError) as exc:
             raise StartRefused(str(exc)) from None
+
+    async def _end_leftovers(self, grace: float) -> list[Ended]:
+        listed = await self._ours()
         ended = []
         for item in listed:
             if item["Id"] == self._adopted:

@@ -319,8 +319,9 @@ class ReplicaSupervisor:
             await self._failed("engine exited while wedged")
         elif self._interrupted():
             await self._capture_stack()
-            # No drain: a frozen engine finishes nothing, and its gauges may read 0 or stay up for good.
-            await self._stop("wedged: stopping without a drain")
+            # No drain: a frozen engine finishes nothing, and its gauges may read 0 or stay up for good. Killed at
+            # once: a SIGTERM would only wait out its shutdown timeout, and its stacks are taken already.
+            await self._stop("wedged: killed without a drain", grace=0.0)
 
     async def _capture_stack(self) -> None:
         """Before leaving a generation whose restart asks for it, keep the engine's stacks (one dump)."""
@@ -346,10 +347,10 @@ class ReplicaSupervisor:
         else:
             await self._stop("drained" if end == "drained" else "drain deadline passed")
 
-    async def _stop(self, reason: str) -> None:
+    async def _stop(self, reason: str, grace: float | None = None) -> None:
         self.machine.to(S.STOPPING, reason)
         if self.proc is not None:
-            self.last_exit_code = await self.proc.stop(self.spec.stop_timeout)
+            self.last_exit_code = await self.proc.stop(self.spec.stop_timeout if grace is None else grace)
             self.proc = None
             self.runtime.forget()
         self.machine.to(S.STOPPED, f"stopped (exit code {self.last_exit_code})")

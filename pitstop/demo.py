@@ -33,8 +33,8 @@ import psutil
 import yaml
 
 from controlplane.console.client import ENV_TOKEN as CONSOLE_TOKEN_ENV
-from pitstop import demo_faults, demo_lock, demo_prometheus
-from pitstop.demo_config import agent_config, server_config
+from pitstop import demo_faults, demo_lock, demo_prometheus, local_podman
+from pitstop.demo_config import Containers, agent_config, server_config
 from pitstop.demo_output import Output
 from pitstop.demo_ports import check_owner, pick_ports
 from pitstop.demo_procs import MARK, Child, Stop, stop_leftovers
@@ -82,6 +82,9 @@ class Signals:
             raise Interrupted(why)
 
 
+DOCKER_SOCKET = "unix:///var/run/docker.sock"
+
+
 def _get_ok(url: str) -> bool:
     try:
         return HTTP.get(url, timeout=2).status_code == 200
@@ -121,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prometheus", action="store_true", help="start no Prometheus or Alertmanager")
     p.add_argument("--ready-timeout", type=float, default=120, help="seconds to wait for READY replicas")
     p.add_argument("--duration", type=float, default=0, help="stop by itself after this many seconds (0: Ctrl-C)")
+    p.add_argument("--containers", action="store_true",
+                   help="run the engines in containers: a Podman of the demo's own where podman and runc are "
+                   "installed, else the Docker daemon on /var/run/docker.sock (the image is built here, never "
+                   "pulled)")
     return p
 
 
@@ -185,6 +192,7 @@ class Demo:
         self.faults: list[demo_faults.Fault] = []
         self.clock: float | None = None
         self.api_ours = False  # the control plane's port checked to be its own: only then is the timeline read
+        self.podman: local_podman.Podman | None = None  # --containers: the demo's own Podman service
 
     def run(self) -> int:
         args, state, demo_dir = self.args, self.state, self.demo_dir
@@ -218,8 +226,9 @@ class Demo:
         server |= settings | ({"policy_dir": str(demo_dir / "policies")} if overlay else {})
         server_cfg.write_text(yaml.safe_dump(server, sort_keys=False))
         envs = {n: demo_faults.engine_env(faults, n, clock_file) if faults else {} for n in names}
+        containers = self.containers({MARK: str(state)}) if args.containers else None
         agent_cfg.write_text(yaml.safe_dump(
-            agent_config(state, ports["agent"], api_url, agent_token, args.model, replica_ports, envs),
+            agent_config(state, ports["agent"], api_url, agent_token, args.model, replica_ports, envs, containers),
             sort_keys=False))
         os.chmod(server_cfg, 0o600)  # they hold the demo's token
         os.chmod(agent_cfg, 0o600)
@@ -260,7 +269,8 @@ class Demo:
             self.wait_for(lambda: _replicas_ready(f"{agent_url}/v1/replicas", args.replicas), args.ready_timeout,
                           "READY replicas")
             for name, port in zip(names, replica_ports, strict=True):
-                check_owner(f"agent's {name}", port, self.pid(agent))  # the engines are the agent's children
+                if containers is None:  # the engines are the agent's children (in containers, the daemon's)
+                    check_owner(f"agent's {name}", port, self.pid(agent))
             # The console shows what the control plane knows: wait for the agent's next report too.
             self.wait_for(lambda: _replicas_ready(f"{api_url}/v1/replicas", args.replicas, operator_token), 30,
                           "the control plane to see the READY replicas")
@@ -304,6 +314,23 @@ class Demo:
                 self.stop()
             except Interrupted:  # the first signal came just as the stop began, before it could say so
                 self.stop()
+
+    def containers(self, mark: dict[str, str]) -> Containers:
+        """Where the engines' containers run: a Podman of the demo's own (its storage in the state dir), else the
+        Docker daemon on its usual socket. Every engine carries the demo's mark, as the agent's children do."""
+        shared = {f"{self.state}:{self.state}", f"{self.demo_dir}:{self.demo_dir}:ro"}  # GPU files, fault clock
+        (self.state / "simgpu").mkdir(parents=True, exist_ok=True)
+        if local_podman.available():
+            print("pitstop demo: starting a Podman of the demo's own for the engines' containers …", flush=True)
+            self.podman = local_podman.Podman(self.demo_dir / "podman", env=mark).start()
+            docker_host = self.podman.docker_host
+        elif local_podman.answers(DOCKER_SOCKET):
+            docker_host = DOCKER_SOCKET
+            local_podman.ensure_engine_image(docker_host)
+        else:
+            raise RuntimeError("--containers needs Podman (Debian: apt-get install podman runc) or a Docker daemon "
+                               f"answering on {DOCKER_SOCKET}")
+        return Containers(docker_host, local_podman.IMAGE, [*local_podman.engine_volumes(), *sorted(shared)], mark)
 
     def watch(self, agent: Child) -> None:
         """Print each action as it happens until the duration is over, a signal comes or the output is gone."""
@@ -362,6 +389,8 @@ class Demo:
         write_timeline(api, self.faults, self.clock, self.load_stats, self.state / "timeline.json")
         stop.terminate(self.started)
         left = stop.finish()
+        if self.podman is not None:  # the agent stopped its containers; anything left goes with the service
+            self.podman.close()
         (self.state / "demo.json").unlink(missing_ok=True)  # its URLs are nobody's now
         if left:
             print(f"pitstop demo: could not stop pids {', '.join(str(p.pid) for p in left)}", file=sys.stderr)

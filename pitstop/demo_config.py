@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def server_config(demo_dir: Path, port: int, agent_token: str, operator_token: str) -> dict[str, object]:
@@ -19,9 +21,27 @@ def server_config(demo_dir: Path, port: int, agent_token: str, operator_token: s
 
 def agent_config(
     state: Path, port: int, api_url: str, token: str, model: str, replica_ports: list[int],
-    envs: Mapping[str, dict[str, str]],
+    envs: Mapping[str, dict[str, str]], containers: Containers | None = None,
 ) -> dict[str, object]:
-    return {
+    replicas: list[dict[str, Any]] = [
+        {
+            "name": f"replica-{i}",
+            "model": model,
+            "engine": "sim",
+            "port": p,
+            "gpus": [i],
+            "args": ["--max-num-seqs", "64", "--sim-gpu-dir", str(state / "simgpu")],
+            # The demo's balancer polls readiness every half second: two seconds is plenty to notice.
+            "drain_grace": 2.0,
+            # The agent drains and stops its replicas together when the demo stops it: grace, drain and
+            # stop fit within the demo's STOP_GRACE, so the engines end in order, not by SIGKILL.
+            "drain_timeout": 3.0,
+            "stop_timeout": 3.0,
+            "env": dict(envs.get(f"replica-{i}", {})),
+        }
+        for i, p in enumerate(replica_ports)
+    ]
+    config: dict[str, object] = {
         "node": "demo-node-1",
         "host": "127.0.0.1",
         "port": port,
@@ -34,22 +54,22 @@ def agent_config(
         "sim_gpu_count": len(replica_ports),
         "sim_gpu_dir": str(state / "simgpu"),
         "state_dir": str(state / "agent-demo-node-1"),
-        "replicas": [
-            {
-                "name": f"replica-{i}",
-                "model": model,
-                "engine": "sim",
-                "port": p,
-                "gpus": [i],
-                "args": ["--max-num-seqs", "64", "--sim-gpu-dir", str(state / "simgpu")],
-                # The demo's balancer polls readiness every half second: two seconds is plenty to notice.
-                "drain_grace": 2.0,
-                # The agent drains and stops its replicas together when the demo stops it: grace, drain and
-                # stop fit within the demo's STOP_GRACE, so the engines end in order, not by SIGKILL.
-                "drain_timeout": 3.0,
-                "stop_timeout": 3.0,
-                "env": dict(envs.get(f"replica-{i}", {})),
-            }
-            for i, p in enumerate(replica_ports)
-        ],
+        "replicas": replicas,
     }
+    if containers is not None:
+        config |= {"docker_host": containers.docker_host, "container_gpus": "none"}
+        for replica in replicas:
+            replica |= {"runtime": "container", "image": containers.image, "pull": "never",
+                        "volumes": list(containers.volumes), "env": {**replica["env"], **containers.env}}
+    return config
+
+
+@dataclass(frozen=True)
+class Containers:
+    """Engines in containers of the daemon on ``docker_host``: the image, what is mounted into every container,
+    and what every engine is given besides its own ``env`` (a container inherits nothing of the agent's)."""
+
+    docker_host: str
+    image: str
+    volumes: list[str]
+    env: dict[str, str]

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness import ports
+from pitstop import local_podman as podman_service
 
 
 def _worker() -> tuple[int, int] | None:
@@ -70,3 +71,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         fcntl.flock(held, fcntl.LOCK_UN)
         held.close()
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[podman_service.Podman]:
+    """A real Podman serving the Docker API on a socket of its own (``pitstop/local_podman.py``), for engines in
+    containers."""
+    assert podman_service.available(), "podman and runc are needed: make deps installs them"
+    service = podman_service.Podman(tmp_path_factory.mktemp("podman")).start()
+    try:
+        yield service
+    finally:
+        service.close()

@@ -21,7 +21,6 @@ from fastapi import FastAPI, Request
 
 from agent.wire import DesiredState, NodeReport
 from bench.harness.http import probe
-from tests import podman as podman_service
 from tests.helpers import free_port, http_ok, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,17 +88,6 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
         for pid in agent.engine_pids:  # belt and braces: never leave an engine behind a failed test
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-
-
-@pytest.fixture(scope="module")
-def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[podman_service.Podman]:
-    """A real Podman serving the Docker API on a socket of its own (``tests/podman.py``)."""
-    assert podman_service.available(), "podman and runc are needed: make deps installs them"
-    service = podman_service.Podman(tmp_path_factory.mktemp("podman")).start()
-    try:
-        yield service
-    finally:
-        service.close()
 
 
 def group_alive(pgid: int) -> list[int]:

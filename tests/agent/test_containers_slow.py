@@ -1,6 +1,6 @@
 """Engines in containers: the agent drives a real Podman through its Docker API (``agent.containers``).
 
-The engine is the simulator, in a container of an image built here (``tests/podman.py``), on the host's network
+The engine is the simulator, in a container of an image built here (``pitstop/local_podman.py``), on the host's network
 as ``network: host`` puts it. Every reason a person would read (the replica's events) is checked in words.
 """
 
@@ -20,9 +20,9 @@ import pytest
 
 from agent.wire import DesiredState, ReplicaSpec
 from bench.harness.http import probe
+from pitstop.local_podman import IMAGE, Podman, engine_volumes
 from tests.agent.conftest import AgentProcess, ControlPlaneStandIn
 from tests.helpers import free_port, wait_until
-from tests.podman import IMAGE, Podman, engine_volumes
 
 pytestmark = pytest.mark.slow
 

@@ -195,3 +195,15 @@ def test_console_scale_times_both_consoles_in_a_real_browser(tmp_path: Path) -> 
     # Each page of today's console and the old one-page console became interactive, and was timed.
     assert set(doc["median_seconds"]) == {"new fleet", "new replicas", "old (one page)"}
     assert all(0 < t < 120 for t in doc["median_seconds"].values()), doc["seconds"]
+
+
+@pytest.mark.timeout(300)
+def test_containers_are_measured_beside_processes_on_a_real_podman(tmp_path: Path) -> None:
+    doc = run_quick("containers.py", tmp_path / "containers.json")
+    assert [r["runtime"] for r in doc["runs"]] == ["process", "container"]
+    for runtime in ("process", "container"):
+        m = doc["medians"][runtime]
+        assert 0 < m["start_to_ready_s"] <= m["all_ready_s"] and m["restart_s"] > 0, (runtime, m)
+        assert m["agent_cpu_percent"] >= 0 and m["agent_rss_mb"] > 20, (runtime, m)
+    assert doc["runs"][1]["daemon_cpu_percent"] is not None  # Podman's own share, beside the agent's
+    assert doc["ratio_container_to_process"]["restart_s"] > 0

@@ -1,4 +1,5 @@
-"""One PostgreSQL server for the module, a fresh database and a fresh fleet for each case."""
+"""One PostgreSQL server for the module, a fresh database and a fresh fleet for each case (its engines processes
+or containers)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pitstop.local_podman import Podman
 from tests.chaos.harness import Fleet
 from tests.controlplane.pg import fresh_database, missing_reason, postgres_server
 
@@ -20,12 +22,22 @@ def pg_address() -> Iterator[str]:
         yield address
 
 
-@pytest.fixture
-def fleet(pg_address: str, tmp_path: Path) -> Iterator[Fleet]:
+def _fleet(pg_address: str, tmp_path: Path, podman: Podman | None) -> Iterator[Fleet]:
     with fresh_database(pg_address) as url:
-        fleet = Fleet(tmp_path, url)
+        fleet = Fleet(tmp_path, url, podman=podman)
         try:
             fleet.start()
             yield fleet
         finally:
             fleet.stop()
+
+
+@pytest.fixture
+def fleet(pg_address: str, tmp_path: Path) -> Iterator[Fleet]:
+    yield from _fleet(pg_address, tmp_path, None)
+
+
+@pytest.fixture
+def container_fleet(pg_address: str, tmp_path: Path, podman: Podman) -> Iterator[Fleet]:
+    """The same fleet with every engine in a Podman container (``runtime: container``)."""
+    yield from _fleet(pg_address, tmp_path, podman)

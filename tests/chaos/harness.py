@@ -28,6 +28,7 @@ import yaml
 
 from bench.harness.haproxy import config_text, servers_up
 from bench.harness.http import probe
+from pitstop.local_podman import IMAGE, Podman, engine_volumes
 from tests.helpers import free_port, http_ok, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,6 +213,8 @@ class Fleet:
     cp_port: int = field(default_factory=free_port)
     nodes: list[Node] = field(default_factory=list)
     haproxy: HAProxy | None = None
+    # Engines in containers of this Podman (``runtime: container``), else child processes of their agents.
+    podman: Podman | None = None
 
     @property
     def cp(self) -> str:
@@ -245,7 +248,7 @@ class Fleet:
         name, replica = f"node-{i}", f"{MODEL}-{i}"
         agent_port, engine_port = free_port(), free_port()
         gpu_dir = self.tmp / name / "simgpu"
-        config = {
+        config: dict[str, Any] = {
             "node": name, "port": agent_port, "control_plane": self.cp, "gpu_backend": "sim", "sim_gpu_count": 1,
             "sim_gpu_dir": str(gpu_dir), "state_dir": str(self.tmp / name / "state"), "report_interval": 0.5,
             "scrape_interval": 0.5, "process_interval": 2.0, "canary_every": 0,
@@ -257,6 +260,11 @@ class Fleet:
                 "stop_timeout": 10, "warmup": {"requests": 2, "settle_count": 0, "max_tokens": 32},
             }],
         }
+        if self.podman is not None:
+            gpu_dir.mkdir(parents=True, exist_ok=True)
+            config.update(docker_host=self.podman.docker_host, container_gpus="none")
+            config["replicas"][0].update(runtime="container", image=IMAGE, pull="never",
+                                         volumes=[*engine_volumes(), f"{gpu_dir}:{gpu_dir}"])
         path = self.tmp / name / "agent.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(config))
@@ -315,6 +323,8 @@ class Fleet:
         for engine in self.engines():  # never leave an engine behind a failed case
             with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, PermissionError):
                 os.killpg(engine.pid, signal.SIGKILL)
+        if self.podman is not None:
+            self.podman.cli("rm", "--all", "--force", "--time", "0", check=False)
 
     def logs(self) -> str:
         parts = [f"== {p.name}\n{p.tail(3000)}" for p in (self.server, *(n.agent for n in self.nodes))]

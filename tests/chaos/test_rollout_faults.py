@@ -141,6 +141,23 @@ def restarted(moves: list[tuple[str, str]], *, agent_killed: bool = False) -> bo
 @pytest.mark.parametrize("phase", PHASES)
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_rolling_restart_survives_the_fault_with_nothing_lost(fleet: Fleet, fault: str, phase: str) -> None:
+    survives(fleet, fault, phase)
+
+
+# Engines in containers (``runtime: container``): the agent's faults, where adoption by label must find the one
+# container and start no second; and the engine's, a container killed under the rollout.
+@pytest.mark.parametrize(("fault", "phase"), [("agent", "STARTING"), ("agent", "DRAINING"), ("engine", "WARMING")])
+def test_a_rolling_restart_of_containers_survives_the_fault_with_nothing_lost(container_fleet: Fleet, fault: str,
+                                                                             phase: str) -> None:
+    survives(container_fleet, fault, phase)
+    assert container_fleet.podman is not None
+    for node in container_fleet.nodes:  # one container per replica, the one its engine runs in
+        listed = container_fleet.podman.containers({"io.pitstop.node": node.name})
+        assert [c["State"] for c in listed] == ["running"], (node.key, listed)
+        assert listed[0]["Labels"]["io.pitstop.generation"] == str((node.status() or {})["generation"])
+
+
+def survives(fleet: Fleet, fault: str, phase: str) -> None:
     assert fleet.haproxy is not None
     before = {n.key: (n.status() or {})["generation"] for n in fleet.nodes}
     with Load(fleet.haproxy.url, fleet.haproxy) as load:

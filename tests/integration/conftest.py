@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from bench.harness.procs import Processes
+from tests.agent.conftest import start_agent  # a real agent process, as the agent's tests start one
 
-__all__ = ["Processes", "processes"]
+__all__ = ["Processes", "processes", "start_agent"]
 
 
 @pytest.fixture

@@ -152,3 +152,24 @@ def test_demo_starts_prometheus_scraping_the_agent_and_every_engine(tmp_path: Pa
                    what="the agent and four engines up in Prometheus")
         out = (tmp_path / "demo.out").read_text()
         assert f"Prometheus       {urls['prometheus']}" in out
+
+
+def test_a_calm_demo_with_its_engines_in_containers_serves_and_leaves_nothing(tmp_path: Path) -> None:
+    """``--containers``: the engines run in a Podman of the demo's own, and the demo's stop takes them all."""
+    with demo(tmp_path, "--containers", "--calm", "--no-console", "--no-prometheus", "--replicas", "2") as urls:
+        replicas = _api(urls, "/v1/replicas")
+        assert len(replicas) == 2 and all(r["state"] == "READY" for r in replicas), replicas
+
+        def engines() -> list[dict[str, Any]]:
+            return list(probe.get(f"{urls['agent']}/v1/replicas", timeout=5).json())
+
+        wait_until(lambda: all((r.get("process") or {}).get("pid") for r in engines()), 30,
+                   what="the engines' processes read")
+        for replica in engines():
+            # The engine's parent is the container's monitor (conmon), not the agent.
+            parent = psutil.Process(replica["process"]["pid"]).parent()
+            assert parent is not None and parent.name() == "conmon", replica
+        time.sleep(10)  # under the demo's load
+    timeline = _timeline(tmp_path)
+    assert timeline["load"]["requests_ok"] > 0
+    assert timeline["load"]["requests_failed"] == 0

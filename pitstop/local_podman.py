@@ -1,10 +1,13 @@
-"""A real Podman for the container runtime's tests: its Docker-compatible API on a socket in the test's directory.
+"""A Podman of Pitstop's own, for engines in containers where no registry is needed: ``pitstop demo --containers``,
+the container runtime's tests and its benchmark. Its Docker-compatible API is served on a socket of its own, and
+the agent drives it exactly as it would drive Docker.
 
-Each service has storage of its own (under the given directory, the vfs driver: no overlay mount needed) and the
-settings this kind of host needs, through ``CONTAINERS_CONF`` rather than the machine's files: runc (crun cannot
-set rlimits without CAP_SYS_RESOURCE here) and no default ulimits. No registry can be reached, so the image is
-built here: ``podman import`` of an empty root filesystem, and the engine's environment (the system's libraries,
-Python and this checkout with its virtualenv) is mounted read-only from the host at the same paths.
+The service has storage of its own (under the given directory, with the vfs driver: no overlay mount needed) and
+settings of its own through ``CONTAINERS_CONF`` rather than the machine's files: runc (crun cannot set rlimits
+without CAP_SYS_RESOURCE on some hosts, and its cgroup handling fails on hybrid cgroups) and no default ulimits.
+The engine image is built here, never pulled: ``podman import`` of an empty root filesystem, and the engine's
+environment (the system's libraries, Python, this installation of Pitstop with its virtual environment) is
+mounted read-only from the host at the same paths (``engine_volumes``).
 """
 
 from __future__ import annotations
@@ -19,16 +22,18 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.helpers import wait_until
+import pitstop
 
-REPO = Path(__file__).resolve().parents[1]
-IMAGE = "localhost/pitstop-test-engine:1"
+# Where this installation of Pitstop lives: the checkout for an editable install, else the site-packages folder.
+INSTALLED = Path(pitstop.__file__).resolve().parents[1]
+IMAGE = "localhost/pitstop-engine:1"
 CONTAINERS_CONF = """\
 [containers]
 default_ulimits = []
@@ -53,9 +58,37 @@ def _root_filesystem() -> bytes:
     return out.getvalue()
 
 
+def _client(docker_host: str, timeout: float) -> httpx.Client:
+    socket = docker_host.removeprefix("unix://")
+    return httpx.Client(transport=httpx.HTTPTransport(uds=socket), base_url="http://docker/v1.41", timeout=timeout)
+
+
+def answers(docker_host: str) -> bool:
+    """Whether a daemon serves the Docker API on ``docker_host`` (a ``unix://`` socket)."""
+    try:
+        with _client(docker_host, 2) as client:
+            return client.get("/_ping").status_code == 200
+    except (httpx.HTTPError, OSError):
+        return False
+
+
+def ensure_engine_image(docker_host: str, image: str = IMAGE) -> None:
+    """Import the engine image (an empty root filesystem) through the daemon's API, Docker's or Podman's, unless it
+    is there already. Nothing is pulled."""
+    with _client(docker_host, 60) as client:
+        if client.get(f"/images/{image}/json").status_code == 200:
+            return
+        # "repo" with its tag: both daemons take that form (Podman ignores a separate "tag" on import).
+        answer = client.post("/images/create", params={"fromSrc": "-", "repo": image}, content=_root_filesystem(),
+                             headers={"Content-Type": "application/x-tar"})
+        if answer.status_code >= 400 or client.get(f"/images/{image}/json").status_code != 200:
+            raise RuntimeError(f"the daemon on {docker_host} did not import {image}: {answer.text[:300]}")
+
+
 def engine_volumes() -> list[str]:
-    """What the simulator needs from the host, read-only at the same paths: the system, Python and the checkout."""
-    paths = {"/usr", "/bin", "/lib", "/lib64", "/etc/ssl", sys.base_prefix, str(REPO)}
+    """What the simulator needs from the host, read-only at the same paths: the system, Python, the virtual
+    environment and this installation of Pitstop."""
+    paths = {"/usr", "/bin", "/lib", "/lib64", "/etc/ssl", sys.base_prefix, sys.prefix, str(INSTALLED)}
     chosen: list[str] = []
     for path in sorted(p for p in paths if os.path.exists(p)):
         if not any(path.startswith(c.rstrip("/") + "/") for c in chosen):
@@ -66,12 +99,12 @@ def engine_volumes() -> list[str]:
 class Podman:
     """``podman system service`` on ``<dir>/api.sock``; ``docker_host`` is what the agent is given."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, env: Mapping[str, str] | None = None) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         conf = self.dir / "containers.conf"
         conf.write_text(CONTAINERS_CONF)
-        self.env = {**os.environ, "CONTAINERS_CONF": str(conf)}
+        self.env = {**os.environ, **(env or {}), "CONTAINERS_CONF": str(conf)}
         # Podman refuses a run root of 50 characters or more: it and the socket live in a short folder of /tmp.
         self.short = Path(tempfile.mkdtemp(prefix="pitstop-pm-", dir="/tmp"))
         self.socket = self.short / "api.sock"
@@ -88,11 +121,8 @@ class Podman:
         return done.stdout
 
     def start(self) -> Podman:
-        tar = self.dir / "rootfs.tar"
-        tar.write_bytes(_root_filesystem())
-        if IMAGE not in self.cli("images", "--format", "{{.Repository}}:{{.Tag}}"):
-            self.cli("import", str(tar), IMAGE)
         self.start_service()
+        ensure_engine_image(self.docker_host)
         return self
 
     def start_service(self) -> None:
@@ -100,7 +130,11 @@ class Podman:
         log = (self.dir / "service.log").open("ab")
         self.service = subprocess.Popen(["podman", *self.flags, "system", "service", "--time=0", self.docker_host],
                                         env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_until(self.answers, 30, what="podman's API socket")
+        deadline = time.monotonic() + 30
+        while not answers(self.docker_host):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"podman's API socket did not answer within 30 s: {self.dir / 'service.log'}")
+            time.sleep(0.1)
 
     def stop_service(self) -> None:
         """The daemon goes away; its containers run on (each has its own conmon)."""
@@ -112,14 +146,6 @@ class Podman:
                 self.service.kill()
                 self.service.wait()
         self.service = None
-
-    def answers(self) -> bool:
-        try:
-            transport = httpx.HTTPTransport(uds=str(self.socket))
-            with httpx.Client(transport=transport, base_url="http://podman", timeout=2) as client:
-                return client.get("/v1.41/_ping").status_code == 200
-        except (httpx.HTTPError, OSError):
-            return False
 
     def containers(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         """Every container (running or not) carrying ``labels``, as ``podman ps -a`` lists it."""
