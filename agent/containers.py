@@ -164,18 +164,19 @@ class ContainerEngine:
         self.ended = describe_exit(state)
         code = state.get("ExitCode") if state else None
         self.returncode = code if isinstance(code, int) else -1
-        with contextlib.suppress(DaemonUnreachable, DaemonError):
-            self._last_words = await self.api.log_lines(self.ident, LOG_LINES)
+        with contextlib.suppress(DaemonUnreachable, DaemonError, TimeoutError):
+            self._last_words = await asyncio.wait_for(self.api.log_lines(self.ident, LOG_LINES), EXIT_READ_SECONDS)
         self._exited.set_result(None)
 
     async def _exit_state(self) -> dict[str, Any] | None:
-        """The container's ``State`` once the daemon has seen the exit; None if it cannot say in time."""
+        """The container's ``State`` once the daemon has seen the exit; None if it cannot say in time (a daemon
+        that is down or hung: the exit is the engine's, and is reported at once all the same)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + EXIT_READ_SECONDS
         while True:
             try:
-                record = await self.api.inspect(self.ident)
-            except (DaemonUnreachable, DaemonError):
+                record = await asyncio.wait_for(self.api.inspect(self.ident), max(0.1, deadline - loop.time()))
+            except (DaemonUnreachable, DaemonError, TimeoutError):
                 record = None
             state = record.get("State") if record else None
             if state and not state.get("Running"):
@@ -227,8 +228,8 @@ class ContainerEngine:
         """SIGKILL the container and remove it, once its exit is read."""
         if self.returncode is None:
             try:
-                await self.api.kill(self.ident)
-            except (DaemonUnreachable, DaemonError):
+                await asyncio.wait_for(self.api.kill(self.ident), EXIT_READ_SECONDS)
+            except (DaemonUnreachable, DaemonError, TimeoutError):
                 if self.pid and not process_gone(self.pid, self.created):
                     _signal_tree(self.pid, signal.SIGKILL)
             with contextlib.suppress(TimeoutError):
@@ -238,10 +239,10 @@ class ContainerEngine:
     async def _remove(self) -> None:
         if not self._watch.done():
             self._watch.cancel()
-        try:
-            await self.api.remove(self.ident)
-        except (DaemonUnreachable, DaemonError) as exc:  # left for the next start, which removes stale ones
-            log.warning("container %s: not removed: %s", self.name, exc)
+        try:  # bounded: a hung daemon must not hold back the replica's next step
+            await asyncio.wait_for(self.api.remove(self.ident), EXIT_READ_SECONDS)
+        except (DaemonUnreachable, DaemonError, TimeoutError) as exc:  # the next start removes it
+            log.warning("container %s: not removed: %s", self.name, exc or "the daemon did not answer in time")
 
 
 class ContainerRuntime:
@@ -272,6 +273,7 @@ class ContainerRuntime:
         mark = secrets.token_hex(16)
         labels = {**self.labels, GENERATION: str(generation), ARGS: json.dumps(args), MARK: mark}
         body = container_body(self.spec, argv, {**env, ENGINE_MARK: mark}, labels, self.gpus)
+        ident = ""
         try:
             await self._image_ready(image)
             await self._remove_stale()
@@ -282,6 +284,11 @@ class ContainerRuntime:
             raise StartRefused(str(exc)) from None
         except DaemonError as exc:
             raise StartRefused(f"container {name}: the daemon refused it: {exc.message}") from None
+        except asyncio.CancelledError:  # a wish that no longer wants this engine: its container goes too
+            if ident:
+                with contextlib.suppress(DaemonUnreachable, DaemonError):
+                    await self.api.remove(ident)
+            raise
         pid = int(((record or {}).get("State") or {}).get("Pid") or 0)
         log.info("replica %s: started container %s (%s), host pid %d", self.spec.name, name, ident[:12], pid)
         return ContainerEngine(self.api, ident, name, pid, poll=self.poll)

@@ -10,6 +10,7 @@ the engine is wedged (``agent.progress``), which takes readiness off at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -197,7 +198,7 @@ class ReplicaSupervisor:
         as a new one is: kept when it runs the wanted generation, drained and stopped when not. What is left and
         not adopted (an older agent's record with no generation, a container of an older generation) is ended."""
         try:
-            found = await self.runtime.take_over()
+            _, found = await self._while(self.runtime.take_over(), lambda: not self._shutdown)
         except StartRefused as exc:  # the runtime cannot be asked (a container daemon down): nothing to adopt
             self.machine.note("orphan", f"cannot look for an engine left by a previous agent: {exc}")
             log.warning("replica %s: cannot look for an engine left by a previous agent: %s", self.spec.name, exc)
@@ -218,11 +219,11 @@ class ReplicaSupervisor:
 
     async def _end_leftovers(self) -> None:
         try:
-            ended = await self.runtime.end_leftovers(self.spec.stop_timeout)
+            _, ended = await self._while(self.runtime.end_leftovers(self.spec.stop_timeout), lambda: not self._shutdown)
         except StartRefused as exc:
             log.warning("replica %s: cannot end what a previous agent left: %s", self.spec.name, exc)
             return
-        for gone in ended:
+        for gone in ended or []:
             self.machine.note("orphan", f"ended {gone.what} left by a previous agent")
             log.warning("replica %s: ended %s left by a previous agent", self.spec.name, gone.what)
             self.log_tail = gone.last_words
@@ -247,13 +248,40 @@ class ReplicaSupervisor:
                                         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.spec.gpus)})
         if self.live is not None:
             env = self.live.starting(self.want.live_cap, env)
+        if await self._launch(argv, env) and await self._until_ready() and await self._warm():
+            self.machine.to(S.READY, warmup_summary(self.warmup_ttfts, self.spec.warmup))
+
+    async def _launch(self, argv: list[str], env: dict[str, str]) -> bool:
+        """Have the runtime start the engine: cancelled by a wish that no longer wants it (``_while``)."""
         try:
-            self.proc = await self.runtime.start(argv, env, self.generation, self.args)
+            finished, engine = await self._while(self.runtime.start(argv, env, self.generation, self.args),
+                                                 lambda: not self._interrupted())
         except StartRefused as exc:
             await self._failed(str(exc))
-            return
-        if await self._until_ready() and await self._warm():
-            self.machine.to(S.READY, warmup_summary(self.warmup_ttfts, self.spec.warmup))
+            return False
+        if not finished or engine is None:
+            await self._stop("start interrupted")
+            return False
+        self.proc = engine
+        return True
+
+    async def _while(self, call: Awaitable[T], still: Callable[[], bool]) -> tuple[bool, T | None]:
+        """(whether it finished, its result) of a call to the runtime, awaited as a phase. A runtime's call can take
+        minutes (a container's image pulled first, a daemon that does not answer), so a wake-up after which
+        ``still()`` is false (agent shutdown, disabled, another generation) cancels it; any other lets it go on."""
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                if not still():  # asked before waiting: a wish that came while busy elsewhere cleared ``wake``
+                    return False, None
+                outcome, result = await self._phase(asyncio.shield(task), None)
+                if outcome == "done":
+                    return True, result
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StartRefused):
+                    await task
 
     async def _until_ready(self) -> bool:
         deadline = self.mono() + self.spec.start_timeout

@@ -230,3 +230,27 @@ def test_the_daemon_going_away_under_a_running_replica_disturbs_nothing_and_is_w
     agent.wait_state("r1", "READY", timeout=60)
     assert engine_pid(agent, other_than=engine) != engine
     assert len(ours(podman)) == 1
+
+
+def test_a_hung_daemon_holds_back_neither_an_exit_nor_the_agents_stop(
+        start_agent: Callable[..., AgentProcess], podman: Podman, tmp_path: Path) -> None:
+    """A daemon that accepts connections and never answers (Podman's service frozen with SIGSTOP): an engine's exit
+    is still reported at once, and the restart that then waits on the daemon is cancelled by the agent's stop."""
+    agent = start_agent([container_replica(tmp_path)], **settings(podman))
+    agent.wait_state("r1", "READY", timeout=60)
+    engine = engine_pid(agent)
+    assert podman.service is not None
+    os.kill(podman.service.pid, signal.SIGSTOP)
+    try:
+        os.kill(engine, signal.SIGKILL)
+        wait_until(lambda: said(tmp_path, "container exited; its exit code is unknown (the daemon did not say)"), 30,
+                   what=f"the exit in the events: {events(tmp_path)}")
+        agent.wait_state("r1", "STARTING", timeout=30)  # the restart, waiting on the daemon
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(timeout=60) == 0
+        # Cancelled by the stop: a start left to wait out the daemon's timeout would have failed instead ("did not
+        # answer ... in time") and backed off.
+        assert said(tmp_path, "start interrupted"), events(tmp_path)
+        assert not said(tmp_path, "in time"), events(tmp_path)
+    finally:
+        os.kill(podman.service.pid, signal.SIGCONT)
