@@ -26,26 +26,15 @@ from typing import Protocol
 
 from agent.adopted import AdoptedEngine
 from agent.engine_log import last_lines
-from agent.engine_proc import EngineProcess
+from agent.engine_proc import EngineProcess, Exits
 from agent.pidfile import PidFile, end_group
 
 
-class Engine(Protocol):
-    """A running engine, however it was started."""
+class Engine(Exits, Protocol):
+    """A running engine, however it was started: how it exits (``Exits``), and how it is stopped and read."""
 
     @property
     def pid(self) -> int: ...
-
-    @property
-    def returncode(self) -> int | None: ...
-
-    @property
-    def gone(self) -> bool: ...
-
-    @property
-    def how_it_ended(self) -> str: ...
-
-    async def exited(self) -> int: ...
 
     async def wait(self) -> int: ...
 

@@ -88,13 +88,13 @@ def wait_until(pred: Any, timeout: float, what: str) -> None:
 
 
 class StandIn:
-    """Answers ``POST /v1/agents/{node}/report`` with an empty desired state on keep-alive HTTP/1.1 connections
-    (as uvicorn does); counts reports and their bytes."""
+    """Answers ``POST /v1/agents/{node}/report`` with ``answer`` (an empty desired state unless set) on keep-alive
+    HTTP/1.1 connections (as uvicorn does); counts reports and their bytes."""
 
     def __init__(self, node: str) -> None:
         self.reports = 0
         self.bytes = 0
-        answer = f'{{"protocol_version": 1, "node": "{node}", "replicas": []}}'.encode()
+        self.answer = f'{{"protocol_version": 1, "node": "{node}", "replicas": []}}'.encode()
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -106,7 +106,7 @@ class StandIn:
                 if found:
                     stand_in.bytes += size
                     stand_in.reports += 1
-                body = answer if found else b'{"detail": "Not Found"}'
+                body = stand_in.answer if found else b'{"detail": "Not Found"}'
                 self.send_response(200 if found else 404)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

@@ -1,10 +1,11 @@
 """Engines in containers against engines as processes: one agent, N simulated replicas, each runtime in turn.
 
-Each run starts a control-plane stand-in (a loopback server in this process that answers every report with the
-desired state the benchmark sets), then ``pitstop agent`` with ``--replicas`` simulated vLLM engines
-(``pitstop sim serve``) at the agent's default intervals, first as child processes (``runtime: process``), then in
-Podman containers (``runtime: container``, through Podman's Docker API on a socket of the benchmark's own, the
-image built locally as the tests build it: ``pitstop/local_podman.py``). For each runtime it measures:
+Each run starts a control-plane stand-in (``bench/agent_cost.py``'s: a loopback server in this process that
+answers every report with the desired state the benchmark sets), then ``pitstop agent`` with ``--replicas``
+simulated vLLM engines (``pitstop sim serve``) at the agent's default intervals, first as child processes
+(``runtime: process``), then in Podman containers (``runtime: container``, through Podman's Docker API on a
+socket of the benchmark's own, the image built locally as the tests build it: ``pitstop/local_podman.py``). For
+each runtime it measures:
 
 - start to READY: from the agent's launch to each replica's READY (warmup included), the median over replicas;
 - restart: ``--restarts`` replicas, one after another, each asked for a new generation through the desired
@@ -32,9 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -45,44 +44,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.agent_cost import StandIn  # noqa: E402
 from bench.harness.figures import shown_path, write_json  # noqa: E402
 from bench.harness.ports import free_port  # noqa: E402
 from pitstop.local_podman import IMAGE, Podman, available, engine_volumes  # noqa: E402
 
 NODE = "bench-node"
 SIM_ARGS = ["--sim-startup-seconds", "0.5"]
-
-
-class StandIn:
-    """Answers every report with ``self.desired`` (a node's desired state, as JSON)."""
-
-    def __init__(self) -> None:
-        self.desired: dict[str, Any] = {"protocol_version": 1, "node": NODE, "replicas": []}
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                body = json.dumps(stand_in.desired).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = int(self.server.server_address[1])
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _replicas(url: str) -> dict[str, dict[str, Any]]:
@@ -99,7 +67,7 @@ def _cpu(proc: psutil.Process) -> float:
 
 def run_once(runtime: str, replicas: int, duration: float, settle: float, restarts: int, tmp: Path,
              podman: Podman | None) -> dict[str, Any]:
-    stand_in = StandIn()
+    stand_in = StandIn(NODE).__enter__()
     port = free_port()
     gpu_dir = tmp / "simgpu"
     gpu_dir.mkdir(parents=True, exist_ok=True)
@@ -149,9 +117,9 @@ def run_once(runtime: str, replicas: int, duration: float, settle: float, restar
         restart_seconds = []
         for i in range(restarts):
             name = f"r{i}"
-            stand_in.desired = {"protocol_version": 1, "node": NODE, "replicas": [
+            stand_in.answer = json.dumps({"protocol_version": 1, "node": NODE, "replicas": [
                 {"name": f"r{j}", "generation": 1 if j <= i else 0, "engine_args": SIM_ARGS}
-                for j in range(replicas)]}
+                for j in range(replicas)]}).encode()
             left = None
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
@@ -176,7 +144,7 @@ def run_once(runtime: str, replicas: int, duration: float, settle: float, restar
             agent.kill()
             agent.wait()
         log.close()
-        stand_in.close()
+        stand_in.__exit__()
         if podman is not None:
             podman.cli("rm", "--all", "--force", "--time", "0", check=False)
 
