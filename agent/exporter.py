@@ -42,6 +42,9 @@ pitstop_replica_restarts_total         counter    restarts after failures
 pitstop_replica_rss_bytes              gauge      host RSS of the engine's whole process tree
 pitstop_replica_processes              gauge      processes in the engine's tree
 pitstop_replica_gpu_memory_bytes       gauge      GPU memory held by the engine's processes
+pitstop_replica_cgroup_memory_bytes    gauge      an engine in a container: the memory its cgroup is charged,
+                                                  page cache included (``agent.cgroup_memory``)
+pitstop_replica_cgroup_memory_limit_bytes gauge   the container's memory limit (absent when none is set)
 pitstop_replica_live_cap               gauge      the live cap on running requests in effect (``live_limits``
                                                   on and its plug-in active; absent otherwise)
 pitstop_engine_requests_running        gauge      requests running (the adapter's ``running``: vLLM's
@@ -143,6 +146,10 @@ REPLICA_SERIES: tuple[tuple[str, str, str, ReplicaValue], ...] = (
     ("pitstop_replica_processes", "gauge", "Processes in the engine tree.", _proc("num_processes")),
     ("pitstop_replica_gpu_memory_bytes", "gauge", "GPU memory of the engine processes.",
      _proc("gpu_memory_bytes")),
+    ("pitstop_replica_cgroup_memory_bytes", "gauge", "Memory charged to the engine's container cgroup.",
+     _proc("cgroup_memory_bytes")),
+    ("pitstop_replica_cgroup_memory_limit_bytes", "gauge", "Memory limit of the engine's container cgroup.",
+     _proc("cgroup_memory_limit_bytes")),
     ("pitstop_replica_live_cap", "gauge", "Live cap on running requests in effect.", lambda r: r.live_cap),
     ("pitstop_engine_requests_running", "gauge", "Requests running.", _eng("requests_running")),
     ("pitstop_engine_requests_waiting", "gauge", "Requests waiting.", _eng("requests_waiting")),

@@ -26,6 +26,7 @@ from agent.api import EmbeddedServer, create_app, server_config
 from agent.attached import AttachedReplica
 from agent.backlog import Backlog
 from agent.canaries import Canaries
+from agent.cgroup_memory import cgroup_memory
 from agent.config import AgentConfig
 from agent.containers import ContainerRuntime
 from agent.desired import DesiredStore, plan_wants
@@ -252,6 +253,11 @@ class Agent:
         elif replica.pid != self._sampled_pid.get(name) or _loop_time() >= self._process_due.get(name, 0.0):
             # Trees change slowly and leaks over minutes: every process_interval, or at once for a new engine.
             replica.process = self.samplers[name].sample(replica.pid, gpu_memory)
+            if replica.spec.runtime == "container" and replica.pid is not None:
+                charged = cgroup_memory(replica.pid)
+                if charged is not None:
+                    replica.process = replica.process.model_copy(update={
+                        "cgroup_memory_bytes": charged.usage_bytes, "cgroup_memory_limit_bytes": charged.limit_bytes})
             self._sampled_pid[name] = replica.pid
             self._process_due[name] = _loop_time() + self.config.process_interval
 

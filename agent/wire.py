@@ -230,7 +230,7 @@ class EngineSample(_Grown):
         return 0.0 if has_rates else None
 
 
-class ProcessSample(_Wire):
+class ProcessSample(_Grown):
     """Process-tree figures for one replica (API server plus EngineCore and worker children)."""
 
     pid: Counter32 | None = None
@@ -240,6 +240,12 @@ class ProcessSample(_Wire):
     num_fds: Count | None = None
     num_processes: Count | None = None
     gpu_memory_bytes: Count | None = None
+    # An engine in a container: the memory its cgroup is charged (page cache included) and the limit the kernel
+    # enforces, None when none is set (``agent.cgroup_memory``).
+    cgroup_memory_bytes: Count | None = None
+    cgroup_memory_limit_bytes: Count | None = None
+
+    _added_fields = ("cgroup_memory_bytes", "cgroup_memory_limit_bytes")
 
 
 class LiveLimits(_Wire):

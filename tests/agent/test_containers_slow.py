@@ -88,6 +88,10 @@ def test_a_container_replica_starts_warms_serves_and_is_removed_when_the_agent_s
                what="a process reading")
     reading = agent.replica("r1")["process"]
     assert reading["pid"] == host_pid and reading["rss_bytes"] > 10 * 2**20
+    # The container's cgroup, read from the host: of the order of what its processes hold (the host's shared
+    # libraries are charged elsewhere); no limit was set, so none is reported.
+    assert reading["cgroup_memory_bytes"] >= reading["rss_bytes"] // 2
+    assert reading.get("cgroup_memory_limit_bytes") is None
     answer = probe.post(f"http://127.0.0.1:{spec['port']}/v1/completions",
                         json={"model": "tiny", "prompt": "hi", "max_tokens": 3}, timeout=30)
     assert answer.status_code == 200 and answer.json()["choices"]

@@ -18,7 +18,8 @@ def state() -> ExportState:
                     memory_total_bytes=100, utilization_ratio=0.5, power_watts=300.0, xid_events_total=2)
     ready = ReplicaStatus(
         name="r1", model="llama", url="http://127.0.0.1:8001", state=ReplicaState.READY, ready=True,
-        state_since=NOW, restarts_total=3, process=ProcessSample(pid=10, rss_bytes=2048, gpu_memory_bytes=4096),
+        state_since=NOW, restarts_total=3, process=ProcessSample(pid=10, rss_bytes=2048, gpu_memory_bytes=4096,
+                                                       cgroup_memory_bytes=8192),
         engine=EngineSample(requests_running=4, requests_waiting=1, kv_cache_usage_ratio=0.3,
                             ttft_p50_seconds=0.1, ttft_p99_seconds=0.9, itl_p95_seconds=0.02,
                             generation_tokens_per_second=123.0, stalled=False),
@@ -50,6 +51,9 @@ def test_values_read_back_with_labels() -> None:
     assert reg.get_sample_value("pitstop_replica_restarts_total", r1) == 3
     assert reg.get_sample_value("pitstop_replica_rss_bytes", r1) == 2048
     assert reg.get_sample_value("pitstop_replica_gpu_memory_bytes", r1) == 4096
+    # An engine in a container: its cgroup's charge; no limit set, no limit series.
+    assert reg.get_sample_value("pitstop_replica_cgroup_memory_bytes", r1) == 8192
+    assert reg.get_sample_value("pitstop_replica_cgroup_memory_limit_bytes", r1) is None
     assert reg.get_sample_value("pitstop_engine_requests_running", r1) == 4
     assert reg.get_sample_value("pitstop_engine_ttft_seconds", {**r1, "quantile": "0.99"}) == 0.9
     assert reg.get_sample_value("pitstop_engine_itl_seconds", {**r1, "quantile": "0.95"}) == 0.02
