@@ -101,6 +101,20 @@ def test_a_container_replica_starts_warms_serves_and_is_removed_when_the_agent_s
     assert said(tmp_path, "stopped (exit code")
 
 
+def test_a_published_port_serves_on_the_replicas_host_from_the_containers_own_network(
+        start_agent: Callable[..., AgentProcess], podman: Podman, tmp_path: Path) -> None:
+    spec = container_replica(tmp_path, network="published")
+    agent = start_agent([spec], **settings(podman))
+    agent.wait_state("r1", "READY", timeout=60)  # probed, warmed up and canaried through the published port
+    [container] = ours(podman)
+    network = json.loads(podman.cli("inspect", "--format", "{{json .HostConfig}}", container["Id"]))
+    assert network["NetworkMode"] != "host"
+    assert network["PortBindings"][f"{spec['port']}/tcp"] == [{"HostIp": "127.0.0.1", "HostPort": str(spec["port"])}]
+    answer = probe.post(f"http://127.0.0.1:{spec['port']}/v1/completions",
+                        json={"model": "tiny", "prompt": "hi", "max_tokens": 3}, timeout=30)
+    assert answer.status_code == 200 and answer.json()["choices"]
+
+
 def test_a_crashed_container_backs_off_with_its_exit_and_its_last_lines_then_comes_back(
         start_agent: Callable[..., AgentProcess], podman: Podman, tmp_path: Path) -> None:
     agent = start_agent([container_replica(tmp_path)], **settings(podman))
