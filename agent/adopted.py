@@ -3,9 +3,10 @@
 An agent killed with SIGKILL (or restarted by systemd after a crash or an upgrade) leaves its engines running:
 they lead sessions of their own on purpose. Ending them would restart every engine of the node for an agent
 restart, and abort what they were streaming; so the next agent adopts them. An adopted engine is not this
-process's child: its exit is seen by watching the pid (a reused pid is told apart by its create time), its
-exit code is unknown. It writes its own log file (``agent.engine_log``), which this agent tails and rotates as
-for an engine it started; signals go to its process group, as for those (``engine_proc.EngineProcess``).
+process's child: its exit is seen through a pidfd (``engine_proc.pid_exit``; a reused pid is told apart by its
+create time), its exit code is unknown. It writes its own log file (``agent.engine_log``), which this agent tails
+and rotates as for an engine it started; signals go to its process group, as for those
+(``engine_proc.EngineProcess``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import signal
 from pathlib import Path
 
 from agent.engine_log import EngineLog, last_lines
-from agent.engine_proc import LOG_CHECK_INTERVAL, kill_group, process_gone, signal_group
+from agent.engine_proc import LOG_CHECK_INTERVAL, kill_group, pid_exit, process_gone, signal_group
+from agent.ticks import until_tick
 
 log = logging.getLogger(__name__)
 
 UNKNOWN_EXIT = -1  # not our child: the exit code went to whoever reaped it
-POLL_SECONDS = 0.1
+POLL_SECONDS = 0.1  # where no pidfd can watch the pid
 
 
 class AdoptedEngine:
@@ -41,21 +43,23 @@ class AdoptedEngine:
         self._poll = poll
         self._exited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._watch = asyncio.create_task(self._watch_exit(), name=f"adopted-engine-{pid}")
+        self._log_keeper = asyncio.create_task(self._keep_log(), name=f"adopted-engine-log-{pid}")
 
     async def _watch_exit(self) -> None:
-        checked = 0.0
-        while not process_gone(self.pid, self.created):
-            await asyncio.sleep(self._poll)
-            checked += self._poll
-            if checked >= LOG_CHECK_INTERVAL:
-                checked = 0.0
-                try:
-                    self.log.check()
-                except OSError as exc:
-                    log.warning("engine %d: cannot rotate %s: %s", self.pid, self.log_path, exc)
+        await pid_exit(self.pid, self.created, self._poll)
         self.returncode = UNKNOWN_EXIT
         if not self._exited.done():
             self._exited.set_result(None)
+
+    async def _keep_log(self) -> None:
+        """Rotate the log past its cap, on the same ticks as every other engine's (``EngineProcess._keep_log``)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(until_tick(loop.time(), LOG_CHECK_INTERVAL))
+            try:
+                self.log.check()
+            except OSError as exc:
+                log.warning("engine %d: cannot rotate %s: %s", self.pid, self.log_path, exc)
 
     @property
     def gone(self) -> bool:
@@ -95,8 +99,9 @@ class AdoptedEngine:
         self.close()
 
     def close(self) -> None:
-        if not self._watch.done():
-            self._watch.cancel()
+        for task in (self._watch, self._log_keeper):
+            if not task.done():
+                task.cancel()
         self.log.close()
 
     def kill_now(self) -> None:

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import secrets
 import signal
 from collections.abc import Mapping
@@ -30,7 +29,7 @@ import psutil
 from agent.config import ReplicaConfig
 from agent.container_settings import size_bytes
 from agent.docker_api import DaemonError, DaemonUnreachable, DockerApi
-from agent.engine_proc import process_gone
+from agent.engine_proc import pid_exit, process_gone
 from agent.pidfile import ENGINE_MARK
 from agent.runtime import Ended, Engine, Found, StartRefused
 
@@ -92,37 +91,6 @@ def _pid_created(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except psutil.Error:
         return None
-
-
-async def pid_exit(pid: int, created: float | None, poll: float = POLL_SECONDS) -> None:
-    """Return once process ``pid`` has exited. It is not the agent's child (conmon's or the shim's), so no wait()
-    reports it: a pidfd does, readable in the event loop the moment the process exits, with no polling (eight
-    containers polled five times a second cost the agent four times its CPU). Where pidfds are missing (Linux
-    before 5.3), the pid is polled every ``poll`` seconds."""
-    if not pid:
-        return
-    try:
-        fd = os.pidfd_open(pid)
-    except (OSError, AttributeError):
-        while not process_gone(pid, created):  # noqa: ASYNC110 - nothing to wait on without a pidfd
-            await asyncio.sleep(poll)
-        return
-    try:
-        if process_gone(pid, created):  # exited, or the pid reused, before the pidfd was opened
-            return
-        loop = asyncio.get_running_loop()
-        exited: asyncio.Future[None] = loop.create_future()
-
-        def readable() -> None:
-            if not exited.done():
-                exited.set_result(None)
-        loop.add_reader(fd, readable)
-        try:
-            await exited
-        finally:
-            loop.remove_reader(fd)
-    finally:
-        os.close(fd)
 
 
 def _signal_tree(pid: int, sig: signal.Signals) -> None:

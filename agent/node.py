@@ -198,7 +198,11 @@ class Agent:
             for task in done:
                 task.result()
         now = _loop_time()
-        if self._orphans_checked_at is None or now - self._orphans_checked_at >= self.config.orphan_check_interval:
+        # Not before every replica has looked for the engine a previous agent left: one about to be adopted is on
+        # its GPU and nobody's for that moment, and would be reported (or, with kill_orphans, ended) as an orphan.
+        looked = all(r.looked_for_leftovers for r in self.replicas.values() if isinstance(r, ReplicaSupervisor))
+        if looked and (self._orphans_checked_at is None
+                       or now - self._orphans_checked_at >= self.config.orphan_check_interval):
             self._orphans_checked_at = now
             self.check_orphans(reading.gpu_processes)
 

@@ -81,6 +81,9 @@ class ReplicaSupervisor:
         self.cordoned = False
         self.gpu_cordoned: frozenset[int] = frozenset()  # the cordoned GPUs this replica uses
         self._dumped_for: int | None = None
+        # Set once what a previous agent left has been looked for (adopted or ended): until then an engine about to
+        # be adopted is on the GPU and nobody's, and the orphan check waits (``agent.node``).
+        self.looked_for_leftovers = False
         self.progress = ProgressWatch(needed=wedge_canaries)
         self._wedged_because: str | None = None
         self.in_flight_at_wedge: int | None = None
@@ -205,8 +208,10 @@ class ReplicaSupervisor:
             found = None
         await self._end_leftovers()
         if found is None:
+            self.looked_for_leftovers = True
             return
         self.proc = found.engine
+        self.looked_for_leftovers = True
         self.generation, self.args = found.generation, list(found.args)
         if self.live is not None:
             self.live.adopted(self.want.live_cap)

@@ -80,6 +80,8 @@ def test_agent_reports_a_stray_gpu_process_and_kills_it_only_when_told(
     async def scenario() -> tuple[list[str], str]:
         async with httpx.AsyncClient() as client:
             agent = Agent(config, client, SimGpuBackend(simgpu, 2))
+            for replica in agent.replicas.values():  # each has looked for a previous agent's engine (run() does)
+                replica.looked_for_leftovers = True
             await agent.collect_once()
             await asyncio.sleep(0.05)
             await agent.collect_once()  # announced once, not per check
