@@ -86,6 +86,16 @@ def container_body(spec: ReplicaConfig, argv: list[str], env: Mapping[str, str],
     return body
 
 
+def _host_pid(record: Mapping[str, Any] | None) -> int:
+    """The host's pid of a container's first process, from its inspected record (0: not running)."""
+    return int(((record or {}).get("State") or {}).get("Pid") or 0)
+
+
+def _name(listed: Mapping[str, Any]) -> str:
+    """A listed container's name, without the leading slash the list gives it."""
+    return str((listed.get("Names") or ["?"])[0]).lstrip("/")
+
+
 def _pid_created(pid: int) -> float | None:
     try:
         return psutil.Process(pid).create_time()
@@ -257,7 +267,7 @@ class ContainerRuntime:
                 with contextlib.suppress(DaemonUnreachable, DaemonError):
                     await self.api.remove(ident)
             raise
-        pid = int(((record or {}).get("State") or {}).get("Pid") or 0)
+        pid = _host_pid(record)
         log.info("replica %s: started container %s (%s), host pid %d", self.spec.name, name, ident[:12], pid)
         return ContainerEngine(self.api, ident, name, pid, poll=self.poll)
 
@@ -318,11 +328,10 @@ class ContainerRuntime:
         if not running:
             return None
         generation, item, args = max(running, key=lambda r: r[0])
-        record = await self.api.inspect(str(item["Id"]))
-        pid = int(((record or {}).get("State") or {}).get("Pid") or 0)
+        pid = _host_pid(await self.api.inspect(str(item["Id"])))
         if not pid:
             return None
-        name = str((item.get("Names") or ["?"])[0]).lstrip("/")
+        name = _name(item)
         self._adopted = str(item["Id"])
         engine = ContainerEngine(self.api, self._adopted, name, pid, poll=self.poll)
         return Found(engine, generation, args, f"container {name}")
@@ -340,7 +349,7 @@ class ContainerRuntime:
         for item in listed:
             if item["Id"] == self._adopted:
                 continue
-            name = str((item.get("Names") or ["?"])[0]).lstrip("/")
+            name = _name(item)
             if item.get("State") == "running":
                 await self.api.stop(str(item["Id"]), grace)
                 ended.append(Ended(f"container {name}", await self.api.log_lines(str(item["Id"]), LOG_LINES)))
@@ -349,7 +358,4 @@ class ContainerRuntime:
 
     def forget(self) -> None:
         self._adopted = None
-
-    async def close(self) -> None:
-        return None  # the client is the agent's, shared by every replica
 

@@ -97,9 +97,6 @@ class DockerApi:
             raise DaemonError(response.status_code, _message(response))
         return response
 
-    async def ping(self) -> None:
-        await self._call("GET", "/_ping")
-
     async def image_present(self, image: str) -> bool:
         response = await self._call("GET", f"/images/{quote(image, safe='')}/json", ok=(404,))
         return response.status_code != 404

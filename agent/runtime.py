@@ -83,8 +83,6 @@ class Runtime(Protocol):
 
     def forget(self) -> None: ...
 
-    async def close(self) -> None: ...
-
 
 class ProcessRuntime:
     """Engines as child processes of the agent, each in a session of its own, found again through a pid file."""
@@ -133,6 +131,3 @@ class ProcessRuntime:
     def forget(self) -> None:
         self._adopted = None
         self.pidfile.clear()
-
-    async def close(self) -> None:
-        return None
