@@ -184,10 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         medians[runtime] = {k: statistics.median(r[k] for r in mine)
                             for k in ("start_to_ready_s", "all_ready_s", "restart_s", "agent_cpu_percent",
                                       "agent_rss_mb")}
-    ratio = {k: medians["container"][k] / medians["process"][k] for k in medians["process"]}
+    # A short window can read 0.0 s of agent CPU: the kernel counts it in clock ticks (10 ms). No ratio then.
+    ratio = {k: medians["container"][k] / medians["process"][k] if medians["process"][k] > 0 else None
+             for k in medians["process"]}
     print(f"{'figure':<22}{'process':>10}{'container':>11}{'ratio':>8}")
-    for key in medians["process"]:
-        print(f"{key:<22}{medians['process'][key]:>10.2f}{medians['container'][key]:>11.2f}{ratio[key]:>8.2f}")
+    for key, r in ratio.items():
+        shown = f"{r:>8.2f}" if r is not None else f"{'n/a':>8}"
+        print(f"{key:<22}{medians['process'][key]:>10.2f}{medians['container'][key]:>11.2f}{shown}")
     daemon = [r["daemon_cpu_percent"] for r in runs if r["daemon_cpu_percent"] is not None]
     if daemon:
         print(f"podman service CPU while measured: {statistics.median(daemon):.2f} % (median)")
