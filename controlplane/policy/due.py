@@ -26,6 +26,7 @@ from controlplane.policy.detectors.stall import stall_due
 from controlplane.policy.detectors.thermal import thermal_due
 from controlplane.policy.evaluate import in_scope_gpus, in_scope_nodes, in_scope_replicas
 from controlplane.policy.policy import Policy
+from controlplane.policy.screens import screen
 from controlplane.policy.snapshot import FleetSnapshot
 
 # Past the moment, not on it: a round that reads its clock a hair early finds nothing, and waits again.
@@ -38,15 +39,21 @@ def policy_due(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> dateti
     if not policy.enabled or isinstance(policy.action, LowerMaxNumSeqsAction):
         return None  # the governor judges its own windows
     found: list[datetime | None] = []
+    # A screened subject has nothing under way either: its newest reading does not cross (``screens``).
+    calm = screen(cond, now) or _never
     if isinstance(cond, ThresholdCondition):
-        found = [threshold_due(cond, r, now) for r in in_scope_replicas(policy, snapshot) if r.serving]
+        found = [threshold_due(cond, r, now) for r in in_scope_replicas(policy, snapshot) if not calm(r)]
     elif isinstance(cond, ThermalCondition):
-        found = [thermal_due(cond, g, now) for g in in_scope_gpus(policy, snapshot)]
+        found = [thermal_due(cond, g, now) for g in in_scope_gpus(policy, snapshot) if not calm(g)]
     elif isinstance(cond, StallCondition):
         found = [stall_due(cond, r, now) for r in in_scope_replicas(policy, snapshot)]
     elif isinstance(cond, NodeUnreachableCondition):
         found = [node_unreachable_due(cond, n, snapshot, now) for n in in_scope_nodes(policy, snapshot)]
     return min((d for d in found if d is not None), default=None)
+
+
+def _never(subject: object) -> bool:
+    return False
 
 
 def next_due(policies: Sequence[Policy], snapshot: FleetSnapshot, now: datetime) -> datetime | None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -39,7 +38,7 @@ from controlplane.policy.conditions import (
     XidCondition,
 )
 from controlplane.policy.detectors.findings import STALE_AFTER_SECONDS, Finding
-from controlplane.policy.detectors.leak import leak_due
+from controlplane.policy.detectors.leak import judge_leak
 from controlplane.policy.evaluate import (
     GPU_CONDITIONS,
     actions_for,
@@ -51,6 +50,7 @@ from controlplane.policy.evaluate import (
 )
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction
+from controlplane.policy.screens import screen
 from controlplane.policy.shards import Part, judged_by_nodes
 from controlplane.policy.snapshot import FleetSnapshot, Gpu, Replica
 
@@ -59,29 +59,35 @@ REPLICA_CONDITIONS = (ThresholdCondition, ErrorRateCondition, StallCondition, Le
 _STALE = timedelta(seconds=STALE_AFTER_SECONDS)
 
 
-@dataclass(frozen=True)
 class _Inputs:
     """What a quiet answer's ``until`` is worked out from, kept until a later round needs it."""
 
-    cond: Condition
-    history: Sequence[Any]
-    since: datetime | None
-    key: str
-    replica: Replica | None  # a serving replica under a leak condition (``leak_due``), with its snapshot
-    snapshot: FleetSnapshot | None
+    # A plain class with slots: one is made per subject and policy judged quiet (tens of thousands in a round where
+    # every node of 1,000 reported), and a frozen dataclass costs several times more to make.
+    __slots__ = ("cond", "history", "key", "leak_due", "since")
+
+    def __init__(self, cond: Condition, history: Sequence[Any], since: datetime | None, key: str,
+                 leak_due: datetime | None) -> None:
+        self.cond = cond
+        self.history = history
+        self.since = since
+        self.key = key
+        self.leak_due = leak_due  # a serving replica under a leak condition: ``leak_due`` at the look
 
 
-@dataclass(frozen=True)
 class _Quiet:
     """A subject on which a policy found nothing: which version of it was looked at, when, and until when that
-    holds. ``until`` is worked out only when a later round finds the same version (``pending`` until then):
-    where every node reports between two rounds, nearly every answer is judged again anyway, and working out
-    when each would have expired cost a third of such a round."""
+    holds (None: until the subject changes). ``until`` is worked out only when a later round finds the same
+    version (``pending`` until then): where every node reports between two rounds, nearly every answer is
+    judged again anyway, and working out when each would have expired cost a third of such a round."""
 
-    version: int
-    at: datetime
-    until: datetime | None  # None: until the subject changes
-    pending: _Inputs | None = None
+    __slots__ = ("at", "pending", "until", "version")
+
+    def __init__(self, version: int, at: datetime, until: datetime | None, pending: _Inputs | None = None) -> None:
+        self.version = version
+        self.at = at
+        self.until = until
+        self.pending = pending
 
 
 def _history_span(history: Sequence[Any]) -> tuple[Any, ...]:
@@ -188,8 +194,9 @@ class Evaluator:
         self._gpus = _Versions()
         # ``_recheck``'s answers by the round they are for, shared by the policies (one subject, one window).
         self._moments: dict[datetime, dict[tuple[str, float], datetime | None]] = {}
-        self.judged = 0  # subjects judged by the last round (the rest were known quiet)
-        self.reused = 0
+        self.judged = 0  # subjects judged by the last round
+        self.reused = 0  # known quiet from an earlier round
+        self.screened = 0  # told quiet by their fields or newest reading (``screens``)
         self.primed = False  # a round has judged every subject since this was made or cleared
 
     def clear(self) -> None:
@@ -208,7 +215,7 @@ class Evaluator:
         kept = {id(p): (p, known[1] if (known := self._quiet.get(id(p))) and known[0] is p else {})
                 for p in policies}
         self._quiet = kept
-        self.judged = self.reused = 0
+        self.judged = self.reused = self.screened = 0
         self._replicas.update({r.key: _replica_mark(r, snapshot) for r in models.replicas})
         self._gpus.update({g.key: _gpu_mark(g) for g in snapshot.gpus} if part.nodes else {})
         self._moments.clear()
@@ -233,48 +240,53 @@ class Evaluator:
         assert inputs is not None
         moments = self._moments.setdefault(known.at, {})
         until = _recheck(inputs.cond, inputs.history, inputs.since, known.at, inputs.key, moments)
-        if inputs.replica is not None and inputs.snapshot is not None and isinstance(inputs.cond, LeakCondition):
-            due = leak_due(inputs.cond, inputs.replica, inputs.snapshot, known.at)
-            until = due if until is None or (due is not None and due < until) else until
-        return replace(known, until=until, pending=None)
+        due = inputs.leak_due
+        if due is not None and (until is None or due < until):
+            until = due
+        return _Quiet(known.version, known.at, until)
 
     def _detect(self, policy: Policy, snapshot: FleetSnapshot, now: datetime,
                 quiet: dict[str, _Quiet]) -> list[Finding]:
         cond = policy.condition
         found: list[Finding] = []
-        seen: set[str] = set()
         subjects: Sequence[Replica | Gpu]
         if isinstance(cond, GPU_CONDITIONS):
             subjects, versions, prefix = in_scope_gpus(policy, snapshot), self._gpus, "gpu:"
         else:
             subjects, versions, prefix = in_scope_replicas(policy, snapshot), self._replicas, "replica:"
+        calm = screen(cond, now)
+        leaks = isinstance(cond, LeakCondition)
+        kept: dict[str, _Quiet] = {}  # this round's quiet answers: those of subjects gone or screened are dropped
         for subject in subjects:
+            if calm is not None and calm(subject):
+                self.screened += 1
+                continue
             key = subject.key
-            seen.add(key)
             version = versions[key]
             known = quiet.get(key)
             if known is not None and known.version == version and known.at <= now:
                 if known.pending is not None:
-                    known = quiet[key] = self._settle(known)
+                    known = self._settle(known)
                 if known.until is None or now < known.until:
                     self.reused += 1
+                    kept[key] = known
                     continue
             self.judged += 1
+            due = None
             if isinstance(subject, Gpu):
                 finding = detect_gpu(cond, subject, now)
                 since = None
+            elif leaks and subject.serving:
+                assert isinstance(cond, LeakCondition)
+                finding, due = judge_leak(cond, subject, snapshot, now)  # ``detect_replica``'s, and its moment
+                since = subject.state_since
             else:
                 finding = detect_replica(cond, subject, snapshot, now)
                 since = subject.state_since
             if finding is not None:
-                quiet.pop(key, None)
                 found.append(finding)
                 continue
-            leaking = (subject if isinstance(cond, LeakCondition) and isinstance(subject, Replica)
-                       and subject.serving else None)
-            quiet[key] = _Quiet(version=version, at=now, until=None, pending=_Inputs(
-                cond=cond, history=subject.history, since=since, key=prefix + key, replica=leaking,
-                snapshot=snapshot if leaking is not None else None))
-        for gone in [k for k in quiet if k not in seen]:  # out of scope, or no longer in the fleet
-            del quiet[gone]
+            kept[key] = _Quiet(version, now, None, _Inputs(cond, subject.history, since, prefix + key, due))
+        quiet.clear()
+        quiet.update(kept)
         return found

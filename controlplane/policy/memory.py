@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from itertools import islice
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
 from controlplane.policy.actions import LowerMaxNumSeqsAction
@@ -43,6 +43,9 @@ class Stretch(NamedTuple):
     column: Callable[[str], Column]
 
 
+_MAX_NUM_SEQS, _LIVE_CAP, _FLAGS_KEY = attrgetter("max_num_seqs"), attrgetter("live_cap"), attrgetter("flags_key")
+
+
 class Readings:
     """One replica's history as one round of the governor reads it (never kept past the round).
 
@@ -56,9 +59,10 @@ class Readings:
         history = replica.history
         self.replica = replica
         self.history = history
-        self.values = {s.max_num_seqs for s in history}
-        self.uniform = ({s.live_cap for s in history} <= {None}
-                        and {s.flags_key for s in history} <= {None, replica.flags_key})
+        # C loops over the samples (a 1,000-node fleet: 8,000 histories each round).
+        self.values = set(map(_MAX_NUM_SEQS, history))
+        self.uniform = (set(map(_LIVE_CAP, history)) <= {None}
+                        and set(map(_FLAGS_KEY, history)) <= {None, replica.flags_key})
         self._columns: dict[str, Column] = {}
         self._view: tuple[int, list[ReplicaSample]] | None = None
         self._view_columns: dict[str, Column] = {}

@@ -112,8 +112,11 @@ def _flat(cond: LeakCondition, history: Sequence[ReplicaSample], field: str, sta
     q = max(2, len(values) // 4)
     head, tail = history[first:first + q], history[end - q:end]
     dx = _middle(tail, t0) - _middle(head, t0)
+    half = cond.min_slope_bytes_per_minute / 2
+    if dx > 0 and float(max(values) - min(values)) / dx * 60.0 < half:
+        return True  # the quarters' medians lie between the extremes: their slope is no steeper (no sort needed)
     dy = median(map(float, values[-q:])) - median(map(float, values[:q]))
-    return (dy / dx if dx > 0 else 0.0) * 60.0 < cond.min_slope_bytes_per_minute / 2
+    return (dy / dx if dx > 0 else 0.0) * 60.0 < half
 
 
 def _middle(part: Sequence[ReplicaSample], t0: datetime) -> float:
@@ -167,15 +170,29 @@ def leak_due(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot, now
     """When ``detect_leak`` finds this replica's leak if only the clock moves: the trend's level rises with time,
     so its time to the limit shrinks a second a second until it is within the horizon. A little early rather
     than late (float rounding); None when another gate holds it back, or it is found already."""
+    return _due(cond, _trend(cond, replica, snapshot, now), now)
+
+
+def detect_leak(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot, now: datetime) -> Finding | None:
+    """A finding when memory climbs steadily fast enough to reach the limit within the horizon."""
+    return _finding(cond, replica, _trend(cond, replica, snapshot, now))
+
+
+def judge_leak(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot,
+               now: datetime) -> tuple[Finding | None, datetime | None]:
+    """``detect_leak`` and ``leak_due`` at ``now`` from one reading of the trend (the incremental round keeps the
+    moment for a quiet answer: reading the trend again for it cost as much as the judgement)."""
     trend = _trend(cond, replica, snapshot, now)
+    return _finding(cond, replica, trend), _due(cond, trend, now)
+
+
+def _due(cond: LeakCondition, trend: _Trend | None, now: datetime) -> datetime | None:
     if trend is None or trend.seconds_left <= cond.horizon:
         return None
     return now + timedelta(seconds=trend.seconds_left - cond.horizon) - _EARLY
 
 
-def detect_leak(cond: LeakCondition, replica: Replica, snapshot: FleetSnapshot, now: datetime) -> Finding | None:
-    """A finding when memory climbs steadily fast enough to reach the limit within the horizon."""
-    trend = _trend(cond, replica, snapshot, now)
+def _finding(cond: LeakCondition, replica: Replica, trend: _Trend | None) -> Finding | None:
     if trend is None or trend.seconds_left > cond.horizon:
         return None
     mib = 2**20
