@@ -207,3 +207,17 @@ def test_containers_are_measured_beside_processes_on_a_real_podman(tmp_path: Pat
         assert m["agent_cpu_percent"] >= 0 and m["agent_rss_mb"] > 20, (runtime, m)
     assert doc["runs"][1]["daemon_cpu_percent"] is not None  # Podman's own share, beside the agent's
     assert doc["ratio_container_to_process"]["restart_s"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_a_policy_round_is_timed_and_says_what_it_judged_screened_and_reused(tmp_path: Path) -> None:
+    doc = run_quick("policy_round.py", tmp_path / "round.json", "--changed", "0.5")
+    [run] = doc["runs"]
+    assert run["tree"] == "current" and len(run["rounds"]) == 3 and run["round_s"] > 0, run
+    # Each round accounts for every subject of every history condition (50 nodes: 400 replicas and 400 GPUs,
+    # 13 shipped conditions): judged, screened by a field or the newest reading, or reused from an earlier round.
+    for r in run["rounds"]:
+        assert r["judged"] + r["screened"] + r["reused"] == 13 * 400, r
+        assert r["screened"] > r["judged"], r  # a calm fleet: most answers told without judging
+    # Half the nodes reported between two rounds: the other half's answers were carried over.
+    assert all(r["reused"] > 0 for r in run["rounds"][1:]), run["rounds"]
