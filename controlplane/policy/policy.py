@@ -30,6 +30,11 @@ class Scope(_Spec):
     nodes: list[str] = Field(default_factory=list)
     labels: dict[str, str] = Field(default_factory=dict)
 
+    @property
+    def everything(self) -> bool:
+        """No selector: every replica, GPU and node is in scope (the shipped policies' scope)."""
+        return not (self.models or self.nodes or self.labels)
+
     def matches_node(self, node: str) -> bool:
         return not self.nodes or any(fnmatchcase(node, p) for p in self.nodes)
 

@@ -33,7 +33,6 @@ from controlplane.policy.conditions import (
 )
 from controlplane.policy.detectors.slo import OPS
 from controlplane.policy.detectors.thermal import temperature_limit
-from controlplane.policy.snapshot import SERVING_STATES
 
 Screen = Callable[[Any], bool]
 _ECC = attrgetter("ecc_uncorrected_total")
@@ -54,9 +53,9 @@ def screen(cond: Condition, now: datetime) -> Screen | None:
         # No rise without a count above 0 (counters are never negative, ``min_increase`` is at least 1).
         return lambda g: not any(map(_ECC, g.history))
     if isinstance(cond, ErrorRateCondition | LeakCondition):
-        return lambda r: r.state not in SERVING_STATES  # judged only while it serves
+        return lambda r: not r.serving  # judged only while it serves
     if isinstance(cond, StallCondition):
-        return lambda r: r.state not in SERVING_STATES and r.state != ReplicaState.WEDGED
+        return lambda r: not r.serving and r.state != ReplicaState.WEDGED
     if isinstance(cond, ThresholdCondition):
         return _threshold(cond, now)
     if isinstance(cond, ThermalCondition):
@@ -70,7 +69,7 @@ def _threshold(cond: ThresholdCondition, now: datetime) -> Screen:
     signal, compare, threshold, whole = cond.signal, OPS[cond.op], cond.threshold, cond.min_share >= 1
 
     def calm(r: Any) -> bool:
-        if r.state not in SERVING_STATES:
+        if not r.serving:
             return True
         if not whole:
             return False
