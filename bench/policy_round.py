@@ -9,9 +9,10 @@ incremental evaluator, the heap freezer), runs the leader's cold round, and then
 spaced past the report interval, the case under load); with 0.2 a round came a second after the last.
 
 Measured per round (medians over the rounds after the first, then over runs): the round's seconds and CPU seconds
-(``PolicyRounds`` without the executor's work: nothing is proposed on a calm fleet; the CPU seconds are the
-steadier figure on a shared machine), the garbage collection
-after it, and how many subjects the evaluator judged, reused from an earlier round, or screened.
+(``PolicyRounds.run`` as the policy process calls it, the garbage collection after the round included; nothing
+is proposed on a calm fleet, so the executor does no work; the CPU seconds are the steadier figure on a shared
+machine), that collection alone, and how many subjects the evaluator judged, reused from an earlier round, or
+screened.
 
 ``--baseline REV`` measures that revision of the repository too, side by side: the runs alternate between the
 two trees, each on a fresh copy of the same seeded store.
@@ -69,13 +70,23 @@ def worker(args: argparse.Namespace) -> int:
             with session_scope(sessions) as session:
                 apply_reports(session=session, reports=due[first:first + 64], now=clock[0])
 
+    class TimedFreezer(HeapFreezer):
+        """The policy process's freezer, timing the collection it runs after each round."""
+
+        collect_s = 0.0
+
+        def after_round(self) -> None:
+            started = time.perf_counter()
+            super().after_round()
+            self.collect_s = time.perf_counter() - started
+
     config = ServerConfig(database_url=url, policy_history_seconds=args.history_minutes * 60 + 60)
-    rounds = PolicyRounds(sessions=sessions, config=config, clock=lambda: clock[0], monotonic=lambda: 1e12)
-    heap = HeapFreezer()
+    heap = TimedFreezer()
+    rounds = PolicyRounds(sessions=sessions, config=config, clock=lambda: clock[0], monotonic=lambda: 1e12,
+                          heap=heap)
     report(0)
     started = time.perf_counter()
     rounds.run()
-    heap.after_round()
     cold = time.perf_counter() - started
     measured: list[dict[str, float]] = []
     for step in range(1, args.rounds + 1):
@@ -84,10 +95,8 @@ def worker(args: argparse.Namespace) -> int:
         started, cpu = time.perf_counter(), time.process_time()
         rounds.run()
         took, cpu = time.perf_counter() - started, time.process_time() - cpu
-        started = time.perf_counter()
-        heap.after_round()
         evaluator = rounds.evaluator
-        measured.append({"round_s": took, "round_cpu_s": cpu, "gc_s": time.perf_counter() - started,
+        measured.append({"round_s": took, "round_cpu_s": cpu, "gc_s": heap.collect_s,
                          "judged": evaluator.judged,
                          "reused": evaluator.reused, "screened": getattr(evaluator, "screened", 0)})
     steady = measured[1:] or measured  # the first round after the cold one still settles the cold one's answers

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -116,7 +117,7 @@ class PolicyRounds:
                 self.evaluator.clear()
                 self.rows.clear()
                 self._forget = False
-            with session_scope(self._sessions) as session:
+            with self._collector_off(), session_scope(self._sessions) as session:
                 added = self.samples.refresh(session, self._clock())
             # A standby's whole-window read delays no round: it must not count against the duty cap later.
             self.samples.cold_seconds = 0.0
@@ -137,7 +138,8 @@ class PolicyRounds:
         started = self._monotonic()
         primed = self.evaluator.primed
         try:
-            result = self._round()
+            with self._collector_off():
+                result = self._round()
         finally:
             ended = self._monotonic()
             # Reading the whole window once per leader term is not the steady cost the duty cap is for: a new
@@ -153,6 +155,11 @@ class PolicyRounds:
                 self._heap.after_round()
             self._running.release()
         return result, ended - started
+
+    def _collector_off(self) -> AbstractContextManager[None]:
+        """The garbage collector's automatic passes off for a round or a follow (``HeapFreezer.during_round``:
+        ``after_round`` collects once, after it); unchanged without a freezer (tests, one-off tools)."""
+        return self._heap.during_round() if self._heap is not None else nullcontext()
 
     def _round(self) -> RoundResult | None:
         if self._forget:
