@@ -166,7 +166,8 @@ class ServerConfig(BaseModel):
     # The leader evaluates the policies this often, and also this long after a report (debounced).
     policy_interval_seconds: float = Field(default=5.0, gt=0)
     # A quarter second gathers the reports of a burst into one round and costs little of fault-to-action time;
-    # on a large fleet the duty cap (below), not the debounce, paces the rounds.
+    # on a large fleet the duty cap (below), not the debounce, paces the rounds. In the policy process, reports
+    # that came during a round at least this long start the next one at once (they have waited already).
     policy_debounce_seconds: float = Field(default=0.25, ge=0)
     # After a round slower than half a second, the next waits so rounds take at most this share of the time.
     # 1 (no wait) by default: the rounds run in a niced process of their own, so the scheduler serves reports

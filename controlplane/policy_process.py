@@ -138,12 +138,12 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
     watch(sessions, lambda kind, state: finished.put((kind, state.value)))
     runner = PolicyRounds(sessions=sessions, config=config, clock=lambda: datetime.now(UTC), heap=HeapFreezer())
     due: datetime | None = None  # when a condition under way completes its for: (the last round's next_due)
+    debounce = config.policy_debounce_seconds  # before the next round, after a poke (``debounce_after``)
     try:
         while not stop.is_set() and os.getppid() == parent:
-            wait = wait_seconds(due, datetime.now(UTC), config.policy_interval_seconds)
-            if poke.wait(timeout=wait) and not stop.is_set():
-                stop.wait(config.policy_debounce_seconds)  # a burst of reports makes one round
-                poke.clear()
+            next_round(poke, stop, wait_seconds(due, datetime.now(UTC), config.policy_interval_seconds),
+                       debounce)
+            debounce = config.policy_debounce_seconds
             due = None
             if stop.is_set():
                 break
@@ -156,12 +156,30 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
                 if held is not None:
                     held.value = len(runner.samples)
                 continue
-            due = _one_round(runner, rounds)
+            due, took = _one_round(runner, rounds)
+            debounce = debounce_after(config.policy_debounce_seconds, took, poke.is_set())
             if held is not None:
                 held.value = len(runner.samples)
     finally:
         runner.release()
         engine.dispose()
+
+
+def next_round(poke: Event | threading.Event, stop: Event | threading.Event, wait: float, debounce: float) -> None:
+    """Wait until the next round is due: ``wait`` seconds, or a poke (a report) and then ``debounce`` more, so
+    that a burst of reports makes one round."""
+    if poke.wait(timeout=wait) and not stop.is_set():
+        if debounce > 0:
+            stop.wait(debounce)
+        poke.clear()
+
+
+def debounce_after(debounce: float, took: float, poked: bool) -> float:
+    """The debounce before the round after one that took ``took`` seconds, ``poked``: whether reports poked
+    while it ran. Nothing when they did and it took at least the debounce: they have waited that long already, and
+    at fleet scale, where rounds run back to back, a quarter second more before each would only delay the round
+    that judges them (and every round after it)."""
+    return 0.0 if poked and took >= debounce else debounce
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -194,14 +212,15 @@ def _follow(runner: Any) -> None:
         log.exception("following the sample history failed")
 
 
-def _one_round(runner: Any, rounds: multiprocessing.Queue[tuple[float, float]]) -> datetime | None:
-    """One round; returns its ``next_due`` (None when it was skipped or failed)."""
+def _one_round(runner: Any, rounds: multiprocessing.Queue[tuple[float, float]]) -> tuple[datetime | None, float]:
+    """One round; returns its ``next_due`` (None when it was skipped or failed) and its seconds (0 when skipped
+    or failed)."""
     try:
         done = runner.run()
     except Exception:  # the next round retries; one bad round must not end the policy process
         log.exception("policy round failed")
-        return None
+        return None, 0.0
     if done is None:
-        return None
+        return None, 0.0
     rounds.put((done[1], datetime.now(UTC).timestamp()))
-    return done[0].next_due if done[0] is not None else None
+    return (done[0].next_due if done[0] is not None else None), done[1]
