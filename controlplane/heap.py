@@ -9,10 +9,11 @@ ever see the objects made since the last round.
 Freezing has one cost: an object frozen while alive that later dies inside a reference cycle is not
 reclaimed while frozen. The freezer therefore thaws the heap and runs one full collection every
 ``thaw_seconds`` (an hour by default), which bounds that to one hour's worth.
+
 A round also runs with the automatic collector off (``during_round``). A round builds the fleet's snapshot and
 its judgements, some hundred thousand objects. With the old heap frozen, CPython's rule for a full pass (new
 survivors over a quarter of the unfrozen heap) holds after every ten young passes: at 1,000 nodes that was four
-full passes a round, each walking everything the round had built so far, about a fifth of the round's time. The
+full passes a round, each walking everything the round had built so far, about a quarter of the round's time. The
 round's garbage is freed by reference counting as it goes; what cycles it leaves are reclaimed by the collection
 after it.
 
