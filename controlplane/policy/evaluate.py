@@ -70,16 +70,14 @@ def in_scope_gpus(policy: Policy, snapshot: FleetSnapshot) -> list[Gpu]:
     """GPUs on in-scope nodes; with model or label selectors, only GPUs running a selected replica."""
     if policy.scope.everything:
         return list(snapshot.gpus)
-    selective = bool(policy.scope.models or policy.scope.labels)
     return [g for g in snapshot.gpus if policy.scope.matches_node(g.node) and (
-        not selective or any(policy.scope.matches(r) for r in snapshot.replicas_on(g.node, g.index)))]
+        not policy.scope.by_replica or any(policy.scope.matches(r) for r in snapshot.replicas_on(g.node, g.index)))]
 
 
 def in_scope_nodes(policy: Policy, snapshot: FleetSnapshot) -> list[Node]:
     """Nodes the scope names; with model or label selectors, only nodes running a selected replica."""
-    selective = bool(policy.scope.models or policy.scope.labels)
     return [n for n in snapshot.nodes if policy.scope.matches_node(n.name) and (
-        not selective or any(policy.scope.matches(r) for r in snapshot.replicas_on(n.name)))]
+        not policy.scope.by_replica or any(policy.scope.matches(r) for r in snapshot.replicas_on(n.name)))]
 
 
 def alert_target(key: str) -> Target | None:
@@ -115,7 +113,7 @@ def _alert_in_scope(policy: Policy, snapshot: FleetSnapshot, key: str) -> bool:
     if target.kind == "node":
         if snapshot.node(target.node or "") is None or not policy.scope.matches_node(target.node or ""):
             return False
-        if not (policy.scope.models or policy.scope.labels):
+        if not policy.scope.by_replica:
             return True
     return bool(_alert_replicas(policy, target, snapshot))
 

@@ -35,6 +35,11 @@ class Scope(_Spec):
         """No selector: every replica, GPU and node is in scope (the shipped policies' scope)."""
         return not (self.models or self.nodes or self.labels)
 
+    @property
+    def by_replica(self) -> bool:
+        """A model or label selector: a node or GPU is in scope only where a selected replica runs on it."""
+        return bool(self.models or self.labels)
+
     def matches_node(self, node: str) -> bool:
         return not self.nodes or any(fnmatchcase(node, p) for p in self.nodes)
 
