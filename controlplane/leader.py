@@ -50,6 +50,15 @@ def lock_engine(url: str) -> Engine:
         "connect_timeout": 5})
 
 
+def unlock_all(conn: Connection | None) -> None:
+    """Hand back every advisory lock of ``conn``'s session before it closes. Closing alone frees them only once
+    the server's backend has exited, which it does after the client has gone on: a peer's next look may still
+    see them held. A broken connection has nothing to say; its backend frees them as it goes."""
+    if conn is not None:
+        with contextlib.suppress(SQLAlchemyError):
+            conn.execute(text("SELECT pg_advisory_unlock_all()"))
+
+
 class SingleProcessLeadership:
     """Always the leader (SQLite, or tests that want the jobs to run)."""
 
@@ -110,6 +119,7 @@ class AdvisoryLockLeadership:
     def release(self) -> None:
         with self._mutex:
             self._leader = False
+            unlock_all(self._conn)
             self._drop()
             self._engine.dispose()
 

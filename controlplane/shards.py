@@ -27,7 +27,7 @@ from typing import Protocol
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from controlplane.leader import lock_engine
+from controlplane.leader import lock_engine, unlock_all
 from controlplane.policy.shards import Part
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,7 @@ class AdvisoryShardLeases:
     def release(self) -> None:
         with self._mutex:
             self._released = True
+            unlock_all(self._conn)
             self._drop()
             self._engine.dispose()
 

@@ -96,3 +96,15 @@ def test_two_executors_apply_each_action_exactly_once(postgres_url: str, clock) 
     finally:
         for e in engines:
             e.dispose()
+
+def test_a_stopped_leaders_lock_is_free_when_release_returns(postgres_url: str) -> None:
+    """A clean stop hands the lock back on the wire: the standby's very next poll leads, with no wait for the old
+    backend to exit."""
+    first, second = AdvisoryLockLeadership(postgres_url), AdvisoryLockLeadership(postgres_url)
+    try:
+        assert first.tick() and not second.tick()
+        first.release()
+        assert second.tick(), "the standby leads on its first poll after the leader stopped"
+    finally:
+        first.release()
+        second.release()

@@ -48,7 +48,12 @@ def test_control_planes_hold_a_fair_share_of_the_shards_and_take_over_a_stopped_
         held = _held(a, b, c)
         assert sorted(len(h) for h in held) == [1, 1, 2], held  # four shards over three: 2, 1, 1
         assert set().union(*held) == {0, 1, 2, 3} and sum(map(len, held)) == 4, "each shard held once"
-        a.release()  # a control plane stops: its session ends, its shards are free
+        a_pid = a._pid
+        a.release()  # a control plane stops: it hands its shards back before its session ends
+        with psycopg.connect(postgres_url.replace("+psycopg", ""), autocommit=True) as conn:
+            left = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s",
+                                (a_pid,)).fetchone()
+        assert left == (0,), "a stopped control plane's locks are free when release returns, not when its backend exits"
         for lease in (b, c):
             lease.tick(False)
         assert set().union(*_held(b, c)) == {0, 1, 2, 3} and [len(h) for h in _held(b, c)] == [2, 2]
