@@ -5,7 +5,10 @@ reading every report interval (``agent.node``) and keeps each here, as the JSON 
 less its events and XIDs (those stay queued for the next live report, which delivers them once). Once a live
 report is delivered again, the backlog goes to ``POST /v1/agents/{node}/readings``, oldest first, one batch
 after each delivered live report: the current state is never held back behind the past
-(``controlplane.fleet.backfill`` stores them in place).
+(``controlplane.fleet.backfill`` stores them in place). Only readings taken before that live report go: the
+control plane learns the node's GPUs and replicas from live reports, so a reading taken while a slow report was
+still in flight (the node's first, say, sent before any GPU was read) could name a GPU the control plane has not
+heard of yet and be refused as one the node no longer lists. It waits for the next live report, taken after it.
 
 Bounded by age (``report_backlog_seconds``, measured on the readings' own clock) and by size: the oldest
 reading goes first, counted in ``dropped_total``.
@@ -76,18 +79,23 @@ class Backlog:
             self._bytes -= len(self._kept.popleft().body)
             self.dropped_total += 1
 
-    def batch(self) -> tuple[int, bytes] | None:
-        """The oldest readings as one ``Readings`` body, within ``BATCH_BYTES`` and ``MAX_READINGS_PER_BATCH``:
-        (how many, the body). None when nothing is kept."""
+    def batch(self, through: int | None = None) -> tuple[int, bytes] | None:
+        """The oldest readings as one ``Readings`` body, within ``BATCH_BYTES`` and ``MAX_READINGS_PER_BATCH``, and
+        only those taken before the report numbered ``through`` (the last delivered live one; numbers, unlike
+        clocks, never step back): (how many, the body). None when nothing is kept, or nothing that old."""
         if not self._kept:
             return None
         parts: list[bytes] = []
         size = 0
         for kept in self._kept:
+            if through is not None and kept.sequence > through:
+                break
             if parts and (len(parts) >= MAX_READINGS_PER_BATCH or size + len(kept.body) > BATCH_BYTES):
                 break
             parts.append(kept.body)
             size += len(kept.body) + 1
+        if not parts:
+            return None
         head = f'{{"protocol_version":{PROTOCOL_VERSION},"node":"{self.node}","readings":['.encode()
         return len(parts), head + b",".join(parts) + b"]}"
 

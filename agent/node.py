@@ -107,6 +107,7 @@ class Agent:
         self.sequence = 0
         self.backlog = Backlog(self.node, config.report_backlog_seconds)
         self._outage = False  # a report failed since the backlog was last empty
+        self._delivered = 0  # the sequence of the last delivered live report
         self.desired_store = DesiredStore(self.state_dir)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AgentCollector(self.export_state))
@@ -321,6 +322,7 @@ class Agent:
         report = self.build_report()
         try:
             desired = await self.reporter.send(report)
+            self._delivered = report.sequence
         except ReportError as exc:
             self._requeue(report, refused=exc.refused_content)
             self.sequence = exc.sequence_past(self.sequence)  # a 409: the next report numbered past the control plane's
@@ -396,7 +398,7 @@ class Agent:
         control plane back from an outage gets every agent's live report first, and the past at most one batch
         per agent per interval after it."""
         assert self.reporter is not None
-        batch = self.backlog.batch()
+        batch = self.backlog.batch(through=self._delivered)
         if batch is None:
             return
         count, body = batch

@@ -83,6 +83,60 @@ def test_nothing_is_kept_when_the_backlog_is_off() -> None:
     assert len(backlog) == 0 and backlog.batch() is None
 
 
+def test_a_batch_holds_only_readings_taken_before_the_delivered_report() -> None:
+    backlog = Backlog("n1", keep_seconds=900)
+    for i in range(4):  # numbered 1 to 4
+        backlog.keep_report(_report(i))
+    count, body = backlog.batch(through=2) or (0, b"")
+    assert count == 2 and [r.sequence for r in Readings.model_validate_json(body).readings] == [1, 2]
+    backlog.delivered(count)
+    assert backlog.batch(through=2) is None, "readings 3 and 4 wait for a live report taken after them"
+    assert len(backlog) == 2 and (backlog.batch(through=5) or (0, b""))[0] == 2
+
+
+def test_a_reading_taken_while_the_first_report_was_in_flight_is_stored_not_refused(tmp_path: Path) -> None:
+    """A real control plane. The agent's first report goes before its first GPU read, so it lists no GPU; a reading
+    taken while that report is still in flight (a slow answer) carries GPU 0. Sent right after the first report,
+    the control plane would refuse its GPU as one the node no longer lists; it goes after the next live report,
+    which lists GPU 0, and is stored."""
+    server = ServerConfig(database_url=f"sqlite:///{tmp_path / 'cp.db'}", stale_after_seconds=30)
+    app = create_app(server)
+    config = AgentConfig.model_validate({
+        "node": "n1", "control_plane": "http://unused", "gpu_backend": "sim", "sim_gpu_count": 1,
+        "state_dir": str(tmp_path / "state")})
+    kept: list[datetime] = []
+
+    with serve_in_thread(app) as url:
+        async def scenario() -> Agent:
+            async with httpx.AsyncClient() as client:
+                agent = Agent(config, client, SimGpuBackend(tmp_path / "gpus", 1))
+                agent.reporter = Reporter(client, url, "n1")
+                send = agent.reporter.send
+
+                async def slow_first(report: NodeReport) -> object:
+                    if report.sequence == 1:  # while it is on the wire: a GPU read, and a reading kept
+                        assert report.gpus == []
+                        await agent.collect_once()
+                        agent._keep_reading()
+                        kept.append(agent.backlog._kept[-1].sent_at)
+                    return await send(report)
+
+                agent.reporter.send = slow_first  # type: ignore[method-assign]
+                await agent.report_once()
+                await agent._send_backlog()
+                assert len(agent.backlog) == 1 and agent.backlog.sent_total == 0, "held back behind report 1"
+                await agent.report_once()  # lists GPU 0
+                await agent._send_backlog()
+                return agent
+
+        agent = asyncio.run(scenario())
+
+    assert agent.backlog.refused_total == 0 and agent.backlog.sent_total == 1 and len(agent.backlog) == 0
+    with session_scope(app.state.pitstop.sessions) as session:
+        stored = set(session.scalars(select(NodeSamples.at)))
+    assert kept and kept[0] in stored
+
+
 def test_every_reading_taken_across_a_partition_reaches_the_store_once_in_order(tmp_path: Path) -> None:
     """A real control plane behind a TCP proxy that black-holes the link (connections accepted, nothing passed
     on); an agent reporting every 0.2 s. Every reading the agent took, before, during and after the cut, is
