@@ -84,7 +84,7 @@ def _serve(config: ServerConfig, log_level: str) -> int:
     from controlplane.heap import HeapFreezer
 
     # Policy rounds in their own process by default: at fleet scale they would hold up reports here.
-    app = create_app(config, heap=None if config.policy_process else HeapFreezer(),
+    app = create_app(config, heap=HeapFreezer(),
                      policy_process=config.policy_process, log_level=log_level)
     scheme = "https" if config.tls_cert_file else "http"
     print(f"pitstop server: listening on {scheme}://{config.host}:{config.port} "

@@ -26,7 +26,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.config import ConfigError, ServerConfig
-from controlplane.heap import HeapFreezer
+from controlplane.heap import SETTLE_SECONDS, HeapFreezer
 from controlplane.leader import Leadership
 from controlplane.notify import notifier
 from controlplane.notify.notifier import Links
@@ -81,6 +81,7 @@ class Jobs:
         self.rounds = PolicyRounds(sessions=sessions, config=config, clock=clock, policy_hook=policy_hook,
                                    heap=heap)
         self.process = policy_process
+        self._heap = heap
         self.policies = self.rounds.policies
         self.guard_config = self.rounds.guard_config
         self.rollout = rollout_settings(config)
@@ -107,6 +108,12 @@ class Jobs:
         if self.process is not None:
             return self.process.shards_held
         return len(self.rounds.part.held) if self.rounds.part is not None else 0
+
+    def settle_heap(self) -> None:
+        """Collect and freeze this process's heap (``controlplane.heap``): with the rounds in a process of their
+        own, nothing else does, and the collector's full passes would walk every long-lived object here."""
+        if self._heap is not None:
+            self._heap.after_round()
 
     def elect(self) -> bool:
         leader = self._leadership.tick()
@@ -206,6 +213,8 @@ class Jobs:
                                                           (self.notify, c.notify_interval_seconds)]
         if self.process is None:
             jobs.append((self.evaluate, c.policy_interval_seconds))
+        elif self._heap is not None:
+            jobs.append((self.settle_heap, SETTLE_SECONDS))
         for job, seconds in jobs:
             self._scheduler.add_job(job, "interval", seconds=seconds, id=job.__name__, max_instances=1,
                                     coalesce=True, next_run_time=first)

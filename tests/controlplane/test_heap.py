@@ -103,3 +103,66 @@ def test_the_server_rounds_and_follows_run_with_the_collector_off(tmp_path: Path
         gc.unfreeze()
         gc.enable()
         engine.dispose()
+
+
+class _PolicyProcess:
+    """The part of ``PolicyProcess`` the jobs drive: the rounds run elsewhere."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def set_leader(self, _leader: bool) -> None: ...
+    def poke(self) -> None: ...
+
+
+def test_beside_a_policy_process_the_api_process_settles_its_heap(tmp_path: Path) -> None:
+    """The API process runs no round, so nothing froze its heap and every automatic full pass walked it all,
+    holding reports. With a policy process and a freezer, the jobs collect and freeze it from the start."""
+    from controlplane.config import ServerConfig
+    from controlplane.heap import SETTLE_SECONDS
+    from controlplane.jobs import Jobs
+    from controlplane.leader import SingleProcessLeadership
+    from controlplane.store.db import make_engine, make_sessionmaker, migrate
+    from tests.helpers import wait_until
+
+    url = f"sqlite:///{tmp_path / 'cp.db'}"
+    engine = make_engine(url)
+    migrate(engine)
+    gc.unfreeze()
+    garbage = _Node()
+    dead = weakref.ref(garbage)
+    del garbage
+    jobs = Jobs(sessions=make_sessionmaker(engine), leadership=SingleProcessLeadership(),
+                config=ServerConfig(database_url=url), clock=lambda: datetime.now(UTC), heap=HeapFreezer(),
+                policy_process=_PolicyProcess())  # type: ignore[arg-type]
+    try:
+        jobs.start()
+        job = jobs._scheduler.get_job("settle_heap")
+        assert job is not None and job.trigger.interval.total_seconds() == SETTLE_SECONDS
+        wait_until(lambda: gc.get_freeze_count() > 0, timeout=30, what="the first settle, due at start")
+        assert dead() is None, "the garbage made before it was collected, not frozen"
+    finally:
+        jobs.stop()
+        gc.unfreeze()
+        engine.dispose()
+
+
+def test_without_a_freezer_or_with_rounds_here_there_is_no_settle_job(tmp_path: Path) -> None:
+    from controlplane.config import ServerConfig
+    from controlplane.jobs import Jobs
+    from controlplane.leader import SingleProcessLeadership
+    from controlplane.store.db import make_engine, make_sessionmaker, migrate
+
+    url = f"sqlite:///{tmp_path / 'cp.db'}"
+    engine = make_engine(url)
+    migrate(engine)
+    for heap, process in ((None, _PolicyProcess()), (HeapFreezer(), None)):
+        jobs = Jobs(sessions=make_sessionmaker(engine), leadership=SingleProcessLeadership(),
+                    config=ServerConfig(database_url=url, policy_interval_seconds=3600),
+                    clock=lambda: datetime.now(UTC), heap=heap, policy_process=process)  # type: ignore[arg-type]
+        try:
+            jobs.start()
+            assert jobs._scheduler.get_job("settle_heap") is None  # the rounds' own freezer does it, or no one
+        finally:
+            jobs.stop()
+            gc.unfreeze()
+    engine.dispose()
