@@ -15,7 +15,7 @@ its judgements, some hundred thousand objects. With the old heap frozen, CPython
 survivors over a quarter of the unfrozen heap) holds after every ten young passes: at 1,000 nodes that was four
 full passes a round, each walking everything the round had built so far, about a quarter of the round's time. The
 round's garbage is freed by reference counting as it goes; what cycles it leaves are reclaimed by the collection
-after it.
+at its end, run before the collector is turned back on.
 
 Where the rounds run in a process of their own (``policy_process``), the API process has no rounds, but its heap
 still holds some 150,000 long-lived objects (modules, schemas, caches), and each automatic full pass walked them
@@ -46,15 +46,23 @@ class HeapFreezer:
 
     @contextmanager
     def during_round(self) -> Iterator[None]:
-        """No automatic collection while a round runs (``after_round`` collects what it left); the collector's
-        earlier setting comes back after, so one turned off by someone else stays off."""
+        """No automatic collection while a round runs; at its end, still without, ``after_round`` collects what
+        it left and freezes the rest. Then the collector's earlier setting comes back, so one turned off by
+        someone else stays off.
+
+        In that order because, with the collector off, every container the round made stays in the young
+        generation with its count: turned back on first, the next allocation would run a young pass over all
+        of them (0.17-0.24 s a round at 1,000 nodes, measured), just before ``after_round`` walked them again."""
         was = gc.isenabled()
         gc.disable()
         try:
             yield
         finally:
-            if was:
-                gc.enable()
+            try:
+                self.after_round()
+            finally:
+                if was:
+                    gc.enable()
 
     def after_round(self) -> None:
         """Collect the garbage made since the last round (or the last settle), then freeze what is left alive."""

@@ -122,8 +122,6 @@ class PolicyRounds:
             # A standby's whole-window read delays no round: it must not count against the duty cap later.
             self.samples.cold_seconds = 0.0
             self._next_follow_at = self._monotonic() + self._config.policy_interval_seconds
-            if self._heap is not None:
-                self._heap.after_round()
             return added
         finally:
             self._running.release()
@@ -151,14 +149,12 @@ class PolicyRounds:
                 cold = ended - started
             self._next_round_at = round_pause(started + min(cold, ended - started), ended,
                                               self._config.policy_max_duty)
-            if self._heap is not None:
-                self._heap.after_round()
             self._running.release()
         return result, ended - started
 
     def _collector_off(self) -> AbstractContextManager[None]:
-        """The garbage collector's automatic passes off for a round or a follow (``HeapFreezer.during_round``:
-        ``after_round`` collects once, after it); unchanged without a freezer (tests, one-off tools)."""
+        """The garbage collector's automatic passes off for a round or a follow, and one collection and freeze at
+        its end (``HeapFreezer.during_round``); unchanged without a freezer (tests, one-off tools)."""
         return self._heap.during_round() if self._heap is not None else nullcontext()
 
     def _round(self) -> RoundResult | None:

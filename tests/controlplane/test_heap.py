@@ -60,6 +60,31 @@ def test_a_round_runs_without_automatic_collection_and_its_cycles_are_freed_afte
         gc.enable()
 
 
+def test_a_round_ends_with_one_full_collection_and_no_young_pass_over_what_it_built() -> None:
+    """With the collector off, what a round built sits in the young generation with its count; the collection at
+    the round's end runs before the collector is back on, so that count is spent and no young pass walks all of
+    it again on the next allocation."""
+    freezer = HeapFreezer()
+    passes: list[int] = []
+
+    def seen(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            passes.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        with freezer.during_round():
+            built = [[i] for i in range(20_000)]  # the round's snapshot: containers alive at its end
+            assert passes == []
+        assert passes == [2], "one full collection, at the round's end"
+        more = [[i] for i in range(100)]  # the next allocations, with the collector back on
+        assert passes[0] == 2 and gc.get_count()[0] < gc.get_threshold()[0]
+        assert len(built) + len(more) == 20_100
+    finally:
+        gc.callbacks.remove(seen)
+        gc.unfreeze()
+
+
 def test_a_collector_turned_off_before_the_round_stays_off() -> None:
     gc.disable()
     try:
