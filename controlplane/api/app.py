@@ -53,8 +53,8 @@ def create_app(config: ServerConfig, *, clock: Clock = utc_now, run_jobs: bool =
     ``run_jobs`` starts the scheduler (leader election, executor, retention, policy hook) with the app's
     lifespan; tests that drive the jobs by hand turn it off. ``heap``: the server process's garbage-collector
     tuning, after each policy round or, beside a policy process, every ``SETTLE_SECONDS`` (process-wide, so only
-    ``pitstop server`` passes one). ``policy_process``
-    runs the policy rounds in a process of their own (``pitstop server`` does, unless configured off).
+    ``pitstop server`` passes one). ``policy_process`` runs the policy rounds in a process of their own
+    (``pitstop server`` does, unless configured off).
     """
     engine = make_engine(config.database_url)
     migrate(engine)
