@@ -70,14 +70,16 @@ def in_scope_gpus(policy: Policy, snapshot: FleetSnapshot) -> list[Gpu]:
     """GPUs on in-scope nodes; with model or label selectors, only GPUs running a selected replica."""
     if policy.scope.everything:
         return list(snapshot.gpus)
+    by_replica = policy.scope.by_replica  # once, not once a GPU
     return [g for g in snapshot.gpus if policy.scope.matches_node(g.node) and (
-        not policy.scope.by_replica or any(policy.scope.matches(r) for r in snapshot.replicas_on(g.node, g.index)))]
+        not by_replica or any(policy.scope.matches(r) for r in snapshot.replicas_on(g.node, g.index)))]
 
 
 def in_scope_nodes(policy: Policy, snapshot: FleetSnapshot) -> list[Node]:
     """Nodes the scope names; with model or label selectors, only nodes running a selected replica."""
+    by_replica = policy.scope.by_replica
     return [n for n in snapshot.nodes if policy.scope.matches_node(n.name) and (
-        not policy.scope.by_replica or any(policy.scope.matches(r) for r in snapshot.replicas_on(n.name)))]
+        not by_replica or any(policy.scope.matches(r) for r in snapshot.replicas_on(n.name)))]
 
 
 def alert_target(key: str) -> Target | None:
