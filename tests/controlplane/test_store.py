@@ -31,6 +31,23 @@ def test_migrate_command_builds_an_empty_database(tmp_path: Path, capsys) -> Non
     assert main(["migrate", "--database-url", url]) == 0  # a second run is a no-op, not an error
     with sqlite3.connect(tmp_path / "new" / "cp.db") as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        # A node's packed row is about 1.4 KB: 4 KB pages would leave a third of the samples table unused.
+        assert raw.execute("PRAGMA page_size").fetchone()[0] == 16384
+
+
+def test_a_store_made_with_small_pages_keeps_them_and_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with contextlib.closing(sqlite3.connect(path)) as raw:  # as an earlier build created it
+        raw.execute("PRAGMA page_size=4096")
+        raw.execute("PRAGMA journal_mode=WAL")
+        raw.execute("CREATE TABLE kept (v INTEGER)")
+        raw.execute("INSERT INTO kept VALUES (7)")
+        raw.commit()
+    assert main(["migrate", "--database-url", f"sqlite:///{path}"]) == 0
+    with contextlib.closing(sqlite3.connect(path)) as raw:
+        assert raw.execute("PRAGMA page_size").fetchone()[0] == 4096
+        assert raw.execute("SELECT v FROM kept").fetchall() == [(7,)]
+        assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
 def test_migrate_reports_a_bad_config_file(tmp_path: Path, capsys) -> None:
