@@ -140,3 +140,29 @@ def test_0012_packs_each_node_instant_into_one_row_keeping_every_point_and_goes_
                         ("gpu-a", "replica", "r0", 0), ("gpu-b", "replica", "r0", 0)]
     finally:
         engine.dispose()
+
+
+def test_0013_going_down_repacks_rows_for_the_builds_before_format_2_and_loses_none(db_url: str) -> None:
+    from controlplane.store import packing
+
+    before = [("replica", "r0", {"ttft_p99_seconds": 0.25, "generation": 3.0, "rss_bytes": 2.0**33 + 1,
+                                 "window": {"seconds": 5.0}}),
+              ("gpu", "0", {"temperature_celsius": 61.0, "throttle_reasons": ["sw_power_cap"]})]
+    older = [("replica", "r0", {"ttft_p99_seconds": 0.5})]
+    engine = make_engine(db_url)
+    try:
+        migrate(engine)
+        with engine.begin() as conn:
+            for i, data in enumerate([packing.pack(before), packing.pack_format_1(older), b"\x02not zlib"]):
+                conn.execute(text("INSERT INTO node_samples (node, at, resolution_seconds, data) "
+                                  "VALUES ('gpu-a', :at, 0, :data)"), {"at": f"2026-11-29 12:00:0{i}", "data": data})
+        downgrade(engine, "0012")
+        with engine.connect() as conn:
+            rows = [bytes(data) for (data,) in conn.execute(text("SELECT data FROM node_samples ORDER BY at"))]
+        assert [row[0] for row in rows] == [packing.FORMAT_1, packing.FORMAT_1, packing.FORMAT]
+        assert [packing.unpack(row) for row in rows[:2]] == [before, older]
+        assert rows[2] == b"\x02not zlib"  # unreadable in any format: left as it was
+        migrate(engine)
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()

@@ -18,7 +18,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-from controlplane.store.packing import pack, unpack
+# Packed as this revision stored them (format 1); 0013 is where rows in format 2 begin.
+from controlplane.store.packing import pack_format_1, unpack
 
 revision = "0012"
 down_revision = "0011"
@@ -76,12 +77,12 @@ def _grouped(conn: sa.Connection) -> Iterator[dict[str, Any]]:
     items: list[tuple[str, str, dict[str, Any]]] = []
     for node, at, width, kind, subject, values in conn.execute(query):
         if key is not None and (node, at, width) != key:
-            yield {"node": key[0], "at": key[1], "resolution_seconds": key[2], "data": pack(items)}
+            yield {"node": key[0], "at": key[1], "resolution_seconds": key[2], "data": pack_format_1(items)}
             items = []
         key = (node, at, width)
         items.append((kind, subject, dict(values or {})))
     if key is not None and items:
-        yield {"node": key[0], "at": key[1], "resolution_seconds": key[2], "data": pack(items)}
+        yield {"node": key[0], "at": key[1], "resolution_seconds": key[2], "data": pack_format_1(items)}
 
 
 def _in_batches(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
