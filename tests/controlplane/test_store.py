@@ -33,6 +33,12 @@ def test_migrate_command_builds_an_empty_database(tmp_path: Path, capsys) -> Non
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         # A node's packed row is about 1.4 KB: 4 KB pages would leave a third of the samples table unused.
         assert raw.execute("PRAGMA page_size").fetchone()[0] == 16384
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:  # the log copied back at 4 MiB, as with SQLite's default pages
+            assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 256
+    finally:
+        engine.dispose()
 
 
 def test_a_store_made_with_small_pages_keeps_them_and_its_rows(tmp_path: Path) -> None:
@@ -44,6 +50,12 @@ def test_a_store_made_with_small_pages_keeps_them_and_its_rows(tmp_path: Path) -
         raw.execute("INSERT INTO kept VALUES (7)")
         raw.commit()
     assert main(["migrate", "--database-url", f"sqlite:///{path}"]) == 0
+    engine = make_engine(f"sqlite:///{path}")
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 1024
+    finally:
+        engine.dispose()
     with contextlib.closing(sqlite3.connect(path)) as raw:
         assert raw.execute("PRAGMA page_size").fetchone()[0] == 4096
         assert raw.execute("SELECT v FROM kept").fetchall() == [(7,)]
