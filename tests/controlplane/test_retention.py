@@ -47,3 +47,30 @@ def test_retention_downsamples_then_deletes(app, client: TestClient, config, clo
 
     clock.now = T0 + timedelta(seconds=3700)
     assert loop.run_once().deleted == 2 and series() == []
+
+
+def test_rows_of_the_earlier_format_fold_with_the_new_ones(app, client: TestClient, config, clock) -> None:
+    from sqlalchemy import select, update
+
+    from controlplane.store.db import session_scope
+    from controlplane.store.models import NodeSamples
+    from controlplane.store.packing import FORMAT, FORMAT_1, pack_format_1, unpack
+
+    for i in range(6):
+        sent = T0 + timedelta(seconds=20 * i)
+        client.post("/v1/agents/gpu-a/report",
+                    json=body(report(sequence=i + 1, sent_at=sent, replicas=[replica("r0", ttft=0.1 * (i + 1))])))
+    with session_scope(app.state.pitstop.sessions) as session:  # the first minute as an upgraded store holds it
+        for row_id, data in session.execute(select(NodeSamples.id, NodeSamples.data).order_by(NodeSamples.at)
+                                            .limit(3)).all():
+            session.execute(update(NodeSamples).where(NodeSamples.id == row_id)
+                            .values(data=pack_format_1(unpack(data))))
+    with session_scope(app.state.pitstop.sessions) as session:
+        assert [data[0] for data in session.scalars(select(NodeSamples.data).order_by(NodeSamples.at))] == [
+            FORMAT_1] * 3 + [FORMAT] * 3
+    cfg = config.model_copy(update={"sample_full_resolution_seconds": 600, "sample_retention_seconds": 3600})
+    clock.now = T0 + timedelta(seconds=900)
+    result = RetentionLoop(app.state.pitstop.sessions, clock=clock, config=cfg).run_once()
+    assert (result.downsampled, result.buckets) == (6, 2)
+    points = client.get("/v1/replicas/gpu-a/r0/samples").json()
+    assert [round(p["values"]["ttft_p99_seconds"], 3) for p in points] == [0.2, 0.5]
