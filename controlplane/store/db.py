@@ -18,8 +18,9 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 MIGRATION_LOCK_ID = 0x7069_7473
 # Agents report concurrently; writers wait this long for SQLite's single write lock instead of failing.
 SQLITE_BUSY_TIMEOUT_MS = 5000
-# A node's packed row is 1.2 to 1.5 KB (docs/design.md, "The store"): SQLite's default 4 KB pages hold two of
-# them and leave a third of each page unused; 16 KB pages hold ten or so, about 5 % unused. SQLite takes a page
+# A node's packed row is 1.2 to 1.5 KB (docs/design.md, "The store") and a page holds whole rows: in SQLite's
+# default 4 KB pages a row a little over a third of a page leaves a third of each page unused (format 1 rows of
+# 8 replicas and 8 GPUs did); 16 KB pages leave about one row's worth, a twelfth or less. SQLite takes a page
 # size only before the file's first table (and not once it is in WAL mode), so a store created with 4 KB pages
 # keeps them.
 SQLITE_PAGE_SIZE = 16384

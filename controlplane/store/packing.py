@@ -28,7 +28,7 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 FORMAT = 2  # what ``pack`` writes
@@ -107,6 +107,24 @@ def _width(number: float) -> str:
     return "q" if number >= -(2.0**63) else ""
 
 
+def _split(values: Mapping[str, Any]) -> tuple[list[tuple[str, float]], dict[str, Any]]:
+    """One subject's numbers as floats, in order, by name; and its other values (lists, a bool). A None is left
+    out (absent, as a field the agent did not send)."""
+    numbers: list[tuple[str, float]] = []
+    other: dict[str, Any] = {}
+    for name, value in values.items():
+        if _is_number(value):
+            numbers.append((name, float(value)))
+        elif value is not None:
+            other[name] = value
+    return numbers, other
+
+
+def _sealed(form: int, body: bytes, level: int, dictionary: bytes) -> bytes:
+    packer = zlib.compressobj(level, zdict=dictionary)
+    return bytes([form]) + packer.compress(body) + packer.flush()
+
+
 def pack(samples: Iterable[tuple[str, str, Mapping[str, Any]]]) -> bytes:
     """``(kind, subject, values)`` for each subject of one node at one instant, as one stored value.
 
@@ -117,30 +135,25 @@ def pack(samples: Iterable[tuple[str, str, Mapping[str, Any]]]) -> bytes:
     whole: list[int] = []
     floats: list[float] = []
     for kind, subject, values in samples:
+        numbers, other = _split(values)
         whole_names: list[str] = []
         float_names: list[str] = []
-        other: dict[str, Any] = {}
-        for name, value in values.items():
-            if _is_number(value):
-                number = float(value)
-                letter = _width(number)
-                if letter:
-                    whole_names.append(name)
-                    letters.append(letter)
-                    whole.append(int(number))
-                else:
-                    float_names.append(name)
-                    floats.append(number)
-            elif value is not None:
-                other[name] = value
+        for name, number in numbers:
+            letter = _width(number)
+            if letter:
+                whole_names.append(name)
+                letters.append(letter)
+                whole.append(int(number))
+            else:
+                float_names.append(name)
+                floats.append(number)
         entry = [kind, subject, whole_names, float_names]
         head.append([*entry, other] if other else entry)
     codes = "".join(letters)
     plain = struct.pack(f"<{len(floats)}d", *floats)
     body = b"".join((json.dumps(head, separators=(",", ":")).encode(), _HEAD_END, codes.encode(), _HEAD_END,
                      struct.pack(f"<{codes}", *whole), *(plain[k::8] for k in range(8))))
-    packer = zlib.compressobj(_LEVEL, zdict=_DICTIONARY_2)
-    return bytes([FORMAT]) + packer.compress(body) + packer.flush()
+    return _sealed(FORMAT, body, _LEVEL, _DICTIONARY_2)
 
 
 def pack_format_1(samples: Iterable[tuple[str, str, Mapping[str, Any]]]) -> bytes:
@@ -149,34 +162,27 @@ def pack_format_1(samples: Iterable[tuple[str, str, Mapping[str, Any]]]) -> byte
     head: list[list[Any]] = []
     numbers: list[float] = []
     for kind, subject, values in samples:
-        fields = []
-        other: dict[str, Any] = {}
-        for name, value in values.items():
-            if _is_number(value):
-                fields.append(name)
-                numbers.append(float(value))
-            elif value is not None:
-                other[name] = value
+        named, other = _split(values)
+        fields = [name for name, _ in named]
+        numbers += [number for _, number in named]
         head.append([kind, subject, fields, other] if other else [kind, subject, fields])
     body = json.dumps(head, separators=(",", ":")).encode() + _HEAD_END + struct.pack(f"<{len(numbers)}d", *numbers)
-    packer = zlib.compressobj(6, zdict=_NAMES)
-    return bytes([FORMAT_1]) + packer.compress(body) + packer.flush()
+    return _sealed(FORMAT_1, body, 6, _NAMES)
 
 
 def unpack(blob: bytes) -> list[tuple[str, str, Values]]:
     """The ``(kind, subject, values)`` that ``pack`` stored, in the same order."""
-    if not blob or blob[0] not in (FORMAT, FORMAT_1):
+    form = blob[0] if blob else None
+    if form not in _READERS:
         raise PackError(f"stored samples in an unknown format ({blob[:1].hex() or 'empty'})")
+    dictionary, read = _READERS[form]
     try:
-        reader = zlib.decompressobj(zdict=_DICTIONARY_2 if blob[0] == FORMAT else _NAMES)
+        reader = zlib.decompressobj(zdict=dictionary)
         body = reader.decompress(blob[1:]) + reader.flush()
         if not reader.eof:
             raise ValueError("the value is cut short")
         split = body.index(_HEAD_END)
-        head = json.loads(body[:split])
-        if blob[0] == FORMAT_1:
-            return _read_format_1(head, body[split + 1:])
-        return _read_format_2(head, body[split + 1:])
+        return read(json.loads(body[:split]), body[split + 1:])
     except (zlib.error, ValueError, struct.error, TypeError, IndexError) as exc:
         raise PackError(f"stored samples could not be read: {exc}") from exc
 
@@ -227,6 +233,12 @@ def _read_format_1(head: list[list[Any]], raw: bytes) -> list[tuple[str, str, Va
     if at != len(numbers):
         raise ValueError("the numbers do not match their names")
     return out
+
+
+Reader = Callable[[list[list[Any]], bytes], list[tuple[str, str, Values]]]
+# Each format's preset dictionary and what reads the rest of its body after the JSON head.
+_READERS: dict[int | None, tuple[bytes, Reader]] = {FORMAT_1: (_NAMES, _read_format_1),
+                                                     FORMAT: (_DICTIONARY_2, _read_format_2)}
 
 
 def subjects(blob: bytes) -> dict[Subject, Values]:
