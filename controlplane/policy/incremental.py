@@ -20,8 +20,9 @@ together (any report of the model is news to it).
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 from controlplane.policy.actions import LowerMaxNumSeqsAction
@@ -110,25 +111,63 @@ def _gpu_mark(gpu: Gpu) -> tuple[Any, ...]:
 
 
 class _Versions:
-    """A version per subject, moved whenever what the detectors read of it changed since the last round."""
+    """A version per subject, moved whenever what the detectors read of it changed since the last round.
+
+    A subject that is the very object of the last round (a snapshot that kept an unchanged node's objects:
+    ``snapshot.FleetRows``) keeps its version without its mark being worked out again; a new object is marked
+    and compared. ``changed``: the keys new, gone or moved by the last ``update``."""
 
     def __init__(self) -> None:
-        self._marks: dict[str, tuple[Any, ...]] = {}
-        self._versions: dict[str, int] = {}
+        self._known: dict[str, tuple[Any, tuple[Any, ...], int]] = {}  # key -> (object, mark, version)
         self._last = 0  # versions are never reused: a subject that left and came back is new
+        self.changed: set[str] = set()
+        self.order: dict[str, int] = {}  # key -> position in the subjects of the last update
+        self.subjects: dict[str, Any] = {}  # key -> the subject of the last update
 
-    def update(self, marks: dict[str, tuple[Any, ...]]) -> None:
-        versions = {}
-        for key, mark in marks.items():
-            version = self._versions.get(key)
-            if version is None or self._marks.get(key) != mark:
+    def update(self, subjects: Sequence[Any], mark: Callable[[Any], tuple[Any, ...]]) -> None:
+        known = self._known
+        seen: dict[str, tuple[Any, tuple[Any, ...], int]] = {}
+        changed = set()
+        order: dict[str, int] = {}
+        by_key: dict[str, Any] = {}
+        for position, subject in enumerate(subjects):
+            key = subject.key
+            order[key] = position
+            by_key[key] = subject
+            last = known.get(key)
+            if last is not None and last[0] is subject:
+                seen[key] = last
+                continue
+            changed.add(key)  # a new object: unchanged only if its mark is
+            now_mark = mark(subject)
+            if last is None or last[1] != now_mark:
                 self._last += 1
-                version = self._last
-            versions[key] = version
-        self._marks, self._versions = marks, versions
+                seen[key] = (subject, now_mark, self._last)
+            else:
+                seen[key] = (subject, now_mark, last[2])
+        changed.update(key for key in known if key not in seen)
+        self._known, self.changed, self.order, self.subjects = seen, changed, order, by_key
 
     def __getitem__(self, key: str) -> int:
-        return self._versions[key]
+        return self._known[key][2]
+
+
+class _Answers:
+    """One policy's answers on its subjects as of the round ``round``: those screened calm (the very object
+    screened: a calm screen stays calm while the subject is unchanged and the clock moves on, ``screens``), those
+    judged quiet, those with a finding (judged again every round), and the quiet ones by the moment they fall
+    due (a heap; an entry whose answer was replaced since is skipped when it comes up)."""
+
+    __slots__ = ("at", "calm", "due", "found", "quiet", "round", "unsettled")
+
+    def __init__(self) -> None:
+        self.round = -1
+        self.at: datetime | None = None
+        self.calm: dict[str, Any] = {}
+        self.quiet: dict[str, _Quiet] = {}
+        self.found: set[str] = set()
+        self.unsettled: list[str] = []  # judged quiet by the last round: their ``until`` is still pending
+        self.due: list[tuple[datetime, int, str, _Quiet]] = []
 
 
 def _windows(cond: Condition) -> tuple[float, ...]:
@@ -185,23 +224,32 @@ def _moment(history: Sequence[Any], since: datetime | None, now: datetime, key: 
 
 
 class Evaluator:
-    """``evaluate`` across rounds, judging again only the subjects whose answer may have changed."""
+    """``evaluate`` across rounds, judging again only the subjects whose answer may have changed.
+
+    A policy whose scope is everything, looked at in the round before, is asked only of the subjects that are
+    new objects since (a changed or new node's), those whose quiet answer fell due, those it found something on
+    and those judged quiet last round (their moment is worked out now): with a snapshot that keeps unchanged
+    nodes' objects, a round walks what changed, not the fleet. Any other policy is asked of every subject in
+    scope, each answer reused where it still holds."""
 
     def __init__(self) -> None:
         # By the policy object: a changed file loads new objects, whose answers are not known yet.
-        self._quiet: dict[int, tuple[Policy, dict[str, _Quiet]]] = {}
+        self._answers: dict[int, tuple[Policy, _Answers]] = {}
         self._replicas = _Versions()
         self._gpus = _Versions()
+        self._round = 0
+        self._pushed = 0  # a tie-breaker for the due heaps
         # ``_recheck``'s answers by the round they are for, shared by the policies (one subject, one window).
         self._moments: dict[datetime, dict[tuple[str, float], datetime | None]] = {}
         self.judged = 0  # subjects judged by the last round
         self.reused = 0  # known quiet from an earlier round
         self.screened = 0  # told quiet by their fields or newest reading (``screens``)
+        self.walked = 0  # subject-policy pairs the last round looked at (the rest were left as they were)
         self.primed = False  # a round has judged every subject since this was made or cleared
 
     def clear(self) -> None:
         self.primed = False
-        self._quiet.clear()
+        self._answers.clear()
         self._replicas = _Versions()
         self._gpus = _Versions()
 
@@ -212,12 +260,13 @@ class Evaluator:
         part = part or Part.whole()
         policies = part.policies(policies)
         models = part.models_view(snapshot)
-        kept = {id(p): (p, known[1] if (known := self._quiet.get(id(p))) and known[0] is p else {})
+        kept = {id(p): (p, known[1] if (known := self._answers.get(id(p))) and known[0] is p else _Answers())
                 for p in policies}
-        self._quiet = kept
-        self.judged = self.reused = self.screened = 0
-        self._replicas.update({r.key: _replica_mark(r, snapshot) for r in models.replicas})
-        self._gpus.update({g.key: _gpu_mark(g) for g in snapshot.gpus} if part.nodes else {})
+        self._answers = kept
+        self._round += 1
+        self.judged = self.reused = self.screened = self.walked = 0
+        self._replicas.update(models.replicas, lambda r: _replica_mark(r, snapshot))
+        self._gpus.update(snapshot.gpus if part.nodes else (), _gpu_mark)
         self._moments.clear()
         out: list[ProposedAction] = []
         for policy in policies:
@@ -245,31 +294,45 @@ class Evaluator:
             until = due
         return _Quiet(known.version, known.at, until)
 
-    def _detect(self, policy: Policy, snapshot: FleetSnapshot, now: datetime,
-                quiet: dict[str, _Quiet]) -> list[Finding]:
+    def _detect(self, policy: Policy, snapshot: FleetSnapshot, now: datetime, answers: _Answers) -> list[Finding]:
         cond = policy.condition
-        found: list[Finding] = []
-        subjects: Sequence[Replica | Gpu]
-        if isinstance(cond, GPU_CONDITIONS):
-            subjects, versions, prefix = in_scope_gpus(policy, snapshot), self._gpus, "gpu:"
+        gpus = isinstance(cond, GPU_CONDITIONS)
+        versions = self._gpus if gpus else self._replicas
+        walk_changed = (policy.scope.everything and answers.round == self._round - 1 and answers.at is not None
+                        and answers.at <= now)
+        if walk_changed:
+            keys = self._candidates(answers, versions, now)
+            order = versions.order
+            subjects: Sequence[Replica | Gpu] = [versions.subjects[k] for k in sorted(
+                (k for k in keys if k in order), key=order.__getitem__)]
         else:
-            subjects, versions, prefix = in_scope_replicas(policy, snapshot), self._replicas, "replica:"
+            subjects = in_scope_gpus(policy, snapshot) if gpus else in_scope_replicas(policy, snapshot)
+            answers.calm, answers.quiet, answers.found, answers.due = {}, {**answers.quiet}, set(), []
+            keys = set(answers.quiet)  # every old answer is looked at again (or dropped) below
         calm = screen(cond, now)
         leaks = isinstance(cond, LeakCondition)
-        kept: dict[str, _Quiet] = {}  # this round's quiet answers: those of subjects gone or screened are dropped
+        prefix = "gpu:" if gpus else "replica:"
+        found: list[Finding] = []
+        old_quiet = {key: answers.quiet.pop(key) for key in keys if key in answers.quiet}
+        for key in keys:
+            answers.calm.pop(key, None)
+        answers.found.difference_update(keys)
+        unsettled: list[str] = []
+        self.walked += len(subjects)
         for subject in subjects:
             if calm is not None and calm(subject):
-                self.screened += 1
+                answers.calm[subject.key] = subject
                 continue
             key = subject.key
             version = versions[key]
-            known = quiet.get(key)
+            known = old_quiet.get(key)
             if known is not None and known.version == version and known.at <= now:
                 if known.pending is not None:
                     known = self._settle(known)
+                    if known.until is not None:
+                        self._push(answers, known.until, key, known)
                 if known.until is None or now < known.until:
-                    self.reused += 1
-                    kept[key] = known
+                    answers.quiet[key] = known
                     continue
             self.judged += 1
             due = None
@@ -285,8 +348,38 @@ class Evaluator:
                 since = subject.state_since
             if finding is not None:
                 found.append(finding)
+                answers.found.add(key)
                 continue
-            kept[key] = _Quiet(version, now, None, _Inputs(cond, subject.history, since, prefix + key, due))
-        quiet.clear()
-        quiet.update(kept)
+            answers.quiet[key] = _Quiet(version, now, None, _Inputs(cond, subject.history, since, prefix + key, due))
+            unsettled.append(key)
+        if not walk_changed:
+            # Rebuilt whole: the heap holds the settled answers kept (the unsettled ones join it next round).
+            answers.due = [(q.until, i, k, q) for i, (k, q) in enumerate(answers.quiet.items())
+                           if q.pending is None and q.until is not None]
+            heapify(answers.due)
+        elif len(answers.due) > 2 * len(answers.quiet) + 1_024:
+            live = [entry for entry in answers.due if answers.quiet.get(entry[2]) is entry[3]]
+            heapify(live)
+            answers.due = live  # replaced answers' entries, dropped before the heap outgrows the answers
+        answers.unsettled = unsettled
+        answers.round, answers.at = self._round, now
+        self.screened += len(answers.calm)
+        self.reused += len(answers.quiet) - len(unsettled)
         return found
+
+    def _candidates(self, answers: _Answers, versions: _Versions, now: datetime) -> set[str]:
+        """The keys whose answer may differ from the last round's: new objects (or gone), findings, answers
+        whose moment is still to be worked out, and answers that fell due."""
+        keys = set(versions.changed)
+        keys.update(answers.found)
+        keys.update(answers.unsettled)
+        due = answers.due
+        while due and due[0][0] <= now:
+            _, _, key, quiet = heappop(due)
+            if answers.quiet.get(key) is quiet:
+                keys.add(key)
+        return keys
+
+    def _push(self, answers: _Answers, until: datetime, key: str, quiet: _Quiet) -> None:
+        self._pushed += 1
+        heappush(answers.due, (until, self._pushed, key, quiet))

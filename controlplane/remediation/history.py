@@ -66,12 +66,21 @@ class SampleHistory:
         self._watermark: int | None = None  # the largest id read so far; None until the first refresh
         self.cold_seconds = 0.0  # time spent reading whole windows (a new leader term), for the duty cap
         self._seen: set[int] = set()  # ids read in the overlap window, to skip on the next refresh
+        # Nodes whose histories gained or lost a sample since ``take_touched`` last ran (a snapshot built from
+        # this cache rebuilds only those nodes' subjects: ``snapshot.FleetRows``).
+        self._touched: set[str] = set()
 
     def clear(self) -> None:
         """Forget everything (leadership lost: the next leader term reads the window afresh)."""
         self._series.clear()
         self._seen.clear()
+        self._touched.clear()
         self._watermark = None
+
+    def take_touched(self) -> set[str]:
+        """The nodes whose histories changed since the last call (samples added, or aged out of the window)."""
+        touched, self._touched = self._touched, set()
+        return touched
 
     def refresh(self, session: Session, now: datetime) -> int:
         """Read the rows written since the last refresh, drop what fell out of the window; rows added."""
@@ -98,10 +107,12 @@ class SampleHistory:
     def _add(self, rows: Sequence[Any], since: datetime) -> int:
         added = 0
         series_of = self._series
+        touched = self._touched
         ids = [row[0] for row in rows]
         for (_, node, at, _), entries in readable(rows):
             if at < since:
                 continue
+            touched.add(node)
             for kind, subject, values in entries:
                 point = from_stored(at, values) if kind == "replica" else gpu_reading(at, values)
                 series = series_of.get((node, kind, subject))
@@ -130,10 +141,13 @@ class SampleHistory:
     def _trim(self, since: datetime) -> None:
         for key in list(self._series):
             series = self._series[key]
+            if series[0].at >= since:
+                continue  # nothing aged out: most series, in a round a second after the last
+            self._touched.add(key[0])
             cut = bisect_left(series, since, key=_at)
             if cut == len(series):
                 del self._series[key]
-            elif cut:
+            else:
                 del series[:cut]
 
     def _window(self, key: Key, since: datetime) -> list[Any]:

@@ -8,6 +8,7 @@ subject kind grouped in Python: per-replica queries would be 8,000 round trips. 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -64,20 +65,34 @@ _NODES_PER_READ = 500
 
 class FleetRows:
     """The leader's copy of the replicas' and GPUs' latest rows, read again only for the nodes that reported
-    since (a node's rows change only with its reports, which also move its ``last_report_at`` and sequence).
+    since (a node's rows change only with its reports, which also move its ``last_report_at`` and sequence),
+    and of the snapshot's objects built from them, built again only for the nodes whose inputs changed.
 
     At 1,000 nodes reading and decoding every row was most of a round's snapshot (40,000 JSON columns); a
     round now decodes the rows of the nodes that reported since the last one. The node list is read whole each
     round (cordons, memory and report times are the nodes' own), and so are the desired generations and live
     caps (operators and rollouts change them without a report). A node whose marker is read before its rows is
-    read again next round if a report landed in between, so nothing is missed."""
+    read again next round if a report landed in between, so nothing is missed.
+
+    A node's ``Node``, ``Replica`` and ``Gpu`` objects are kept with what they were built from (its node row,
+    its marker, its replicas' desired generations and caps) and reused by the next snapshot while all of it is
+    unchanged and the history cache touched none of its histories (``SampleHistory.take_touched``): a round
+    then builds the objects of the nodes that reported or whose oldest sample aged out, not 17,000 of them.
+    The whole node is built again when any part of it changed, so a reused replica comes with the very node and
+    GPU objects it was judged with (``incremental.Evaluator`` relies on that: docs/design.md, "Rounds at fleet
+    scale")."""
 
     def __init__(self) -> None:
         self._nodes: dict[str, tuple[Any, list[Any], list[Any]]] = {}  # name -> (marker, replica rows, GPU rows)
+        self._built: dict[str, tuple[Any, Node, list[Replica], list[Gpu]]] = {}  # name -> (inputs, objects)
+        self._history: SampleHistory | None = None  # the cache the kept objects' histories came from
         self.read_nodes = 0  # nodes whose rows the last refresh read
+        self.built_nodes = 0  # nodes whose objects the last snapshot built (the others were reused)
 
     def clear(self) -> None:
         self._nodes.clear()
+        self._built.clear()
+        self._history = None
 
     def refresh(self, session: Session, markers: dict[str, Any]) -> None:
         stale = [name for name, marker in markers.items()
@@ -101,6 +116,72 @@ class FleetRows:
     def gpus(self) -> list[Any]:
         return _in_order([g for _, _, gpus in self._nodes.values() for g in gpus])
 
+    def assemble(self, node_rows: Sequence[Any], desired: dict[tuple[str, str], tuple[Any, Any]],
+                 samples: SampleHistory, since: datetime) -> tuple[list[Node], list[Replica], list[Gpu]]:
+        """The snapshot's nodes (in ``node_rows``' order), replicas and GPUs (by node, then name or index), with
+        histories from ``samples`` (refreshed, and so trimmed, to ``since``), reusing every unchanged node's
+        objects."""
+        if samples is not self._history:
+            self._built.clear()  # objects whose histories came from another cache
+            self._history = samples
+        touched = samples.take_touched()
+        built: dict[str, tuple[Any, Node, list[Replica], list[Gpu]]] = {}
+        nodes: list[Node] = []
+        for n in node_rows:
+            name = n.name
+            _, replica_rows, gpu_rows = self._nodes[name]
+            inputs = (tuple(n), tuple(desired.get((name, r.name)) for r in replica_rows))
+            kept = self._built.get(name)
+            if kept is None or kept[0] != inputs or name in touched:
+                kept = (inputs, _node(n), *self._objects(name, replica_rows, gpu_rows, desired, samples, since))
+            built[name] = kept
+            nodes.append(kept[1])
+        self.built_nodes = sum(1 for name, kept in built.items() if self._built.get(name) is not kept)
+        self._built = built
+        in_order = sorted(built)  # Python's order, as ``_in_order`` sorts, whatever the database's collation
+        return (nodes, [r for name in in_order for r in built[name][2]],
+                [g for name in in_order for g in built[name][3]])
+
+    @staticmethod
+    def _objects(node: str, replica_rows: list[Any], gpu_rows: list[Any],
+                 desired: dict[tuple[str, str], tuple[Any, Any]], samples: SampleHistory,
+                 since: datetime) -> tuple[list[Replica], list[Gpu]]:
+        replicas = [_replica(r, desired.get((node, r.name), (None, None)), samples.replica(node, r.name, since))
+                    for r in sorted(replica_rows, key=lambda r: r[1])]
+        gpus = [_gpu(g, samples.gpu(node, g[1], since)) for g in sorted(gpu_rows, key=lambda g: g[1])]
+        return replicas, gpus
+
+
+def _node(n: Any) -> Node:
+    return Node.model_construct(name=n.name, cordoned=n.cordoned, cordoned_gpus=list(n.cordoned_gpus or []),
+                                memory_total_bytes=n.memory_total_bytes, last_report_at=n.last_report_at)
+
+
+def _replica(r: Any, wanted: tuple[Any, Any], history: list[ReplicaSample]) -> Replica:
+    wanted_generation, wanted_cap = wanted
+    return Replica.model_construct(
+        node=r.node, labels={}, name=r.name, model=r.model, gpus=list(r.gpus), state=ReplicaState(r.state),
+        ready=r.ready, managed=r.managed, state_since=r.state_since, engine_args=list(r.engine_args),
+        generation=r.generation, desired_generation=wanted_generation,
+        restarts_total=r.restarts_total, last_exit_code=r.last_exit_code,
+        log_tail=list(r.log_tail), history=history,
+        live_limits=reported(r.live_limits), desired_live_cap=wanted_cap,
+        engine_kind=r.engine_kind if r.engine_kind in ADAPTERS else DEFAULT_ENGINE,
+    )
+
+
+def _gpu(row: Any, history: list[GpuReading]) -> Gpu:
+    node, index, uuid, name, readings = row
+    return Gpu.model_construct(
+        node=node, index=index, uuid=uuid, name=name,
+        slowdown_temperature_celsius=readings.get("slowdown_temperature_celsius"),
+        memory_used_bytes=readings.get("memory_used_bytes"),
+        memory_total_bytes=readings.get("memory_total_bytes"),
+        throttle_reasons=list(readings.get("throttle_reasons") or []),
+        xid_events_total=int(readings.get("xid_events_total") or 0), last_xid=readings.get("last_xid"),
+        history=history,
+    )
+
 
 def _in_order(rows: list[Any]) -> list[Any]:
     """Rows by node, then replica name or GPU index: sorted here, not by the database, so the order is the same
@@ -115,6 +196,44 @@ def _read_rows(session: Session, model: str | None) -> tuple[list[Any], list[Any
         replica_query = replica_query.where(_R.model == model)
     gpus = None if model is not None else _in_order(list(session.execute(select(*_GPU_COLUMNS))))
     return _in_order(list(session.execute(replica_query))), gpus
+
+
+def _built_whole(session: Session, since: datetime, use_history: bool, model: str | None,
+                 samples: SampleHistory | None, rows: FleetRows | None, node_rows: Sequence[Any],
+                 desired: dict[tuple[str, str], tuple[Any, Any]]) -> tuple[list[Node], list[Replica], list[Gpu]]:
+    """Every object built afresh: one-off snapshots (explain, an operator's model view) and history windows
+    other than the cache's."""
+    nodes = [_node(n) for n in node_rows]
+    if rows is not None:
+        replica_rows, gpu_rows = rows.replicas(model), None if model is not None else rows.gpus()
+    else:
+        replica_rows, gpu_rows = _read_rows(session, model)
+    stored: dict[tuple[str, str], list[Point]] = {}
+    if use_history and samples is None:
+        stored = _histories(session, "replica", since,
+                            {(r.node, r.name) for r in replica_rows} if model else None)
+
+    def replica_history(node: str, name: str) -> list[ReplicaSample]:
+        if not use_history:
+            return []
+        if samples is not None:
+            return samples.replica(node, name, since)
+        return [from_stored(at, v) for at, v in stored.get((node, name), [])]
+
+    replicas = [_replica(r, desired.get((r.node, r.name), (None, None)), replica_history(r.node, r.name))
+                for r in replica_rows]
+    if gpu_rows is None:
+        return nodes, replicas, []
+    gpu_stored = _histories(session, "gpu", since, None) if use_history and samples is None else {}
+
+    def gpu_history(node: str, index: int) -> list[GpuReading]:
+        if not use_history:
+            return []
+        if samples is not None:
+            return samples.gpu(node, index, since)
+        return [gpu_reading(at, v) for at, v in gpu_stored.get((node, str(index)), [])]
+
+    return nodes, replicas, [_gpu(g, gpu_history(g[0], g[1])) for g in gpu_rows]
 
 
 def build_snapshot(*, session: Session, now: datetime, history: timedelta = timedelta(minutes=15),
@@ -134,61 +253,16 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
     node_rows = session.execute(select(NodeRow.name, NodeRow.cordoned, NodeRow.cordoned_gpus,
                                        NodeRow.memory_total_bytes, NodeRow.last_report_at, NodeRow.last_sequence)
                                 .order_by(NodeRow.name)).all()
-    nodes = [Node.model_construct(name=n.name, cordoned=n.cordoned, cordoned_gpus=list(n.cordoned_gpus or []),
-                                  memory_total_bytes=n.memory_total_bytes, last_report_at=n.last_report_at)
-             for n in node_rows]
     if rows is not None:
         rows.refresh(session, {n.name: (n.last_report_at, n.last_sequence) for n in node_rows})
-        replica_rows, gpu_rows = rows.replicas(model), None if model is not None else rows.gpus()
-    else:
-        replica_rows, gpu_rows = _read_rows(session, model)
     desired = {(node, name): (generation, cap) for node, name, generation, cap in session.execute(
         select(DesiredReplica.node, DesiredReplica.name, DesiredReplica.generation, DesiredReplica.live_cap))}
-    stored: dict[tuple[str, str], list[Point]] = {}
-    if use_history and samples is None:
-        stored = _histories(session, "replica", since,
-                            {(r.node, r.name) for r in replica_rows} if model else None)
-
-    def replica_history(node: str, name: str) -> list[ReplicaSample]:
-        if not use_history:
-            return []
-        if samples is not None:
-            return samples.replica(node, name, since)
-        return [from_stored(at, v) for at, v in stored.get((node, name), [])]
-
-    replicas = []
-    for r in replica_rows:
-        wanted_generation, wanted_cap = desired.get((r.node, r.name), (None, None))
-        replicas.append(Replica.model_construct(
-            node=r.node, labels={}, name=r.name, model=r.model, gpus=list(r.gpus), state=ReplicaState(r.state),
-            ready=r.ready, managed=r.managed, state_since=r.state_since, engine_args=list(r.engine_args),
-            generation=r.generation, desired_generation=wanted_generation,
-            restarts_total=r.restarts_total, last_exit_code=r.last_exit_code,
-            log_tail=list(r.log_tail), history=replica_history(r.node, r.name),
-            live_limits=reported(r.live_limits), desired_live_cap=wanted_cap,
-            engine_kind=r.engine_kind if r.engine_kind in ADAPTERS else DEFAULT_ENGINE,
-        ))
-    gpus: list[Gpu] = []
-    if gpu_rows is not None:
-        gpu_stored = _histories(session, "gpu", since, None) if use_history and samples is None else {}
-
-        def gpu_history(node: str, index: int) -> list[GpuReading]:
-            if not use_history:
-                return []
-            if samples is not None:
-                return samples.gpu(node, index, since)
-            return [gpu_reading(at, v) for at, v in gpu_stored.get((node, str(index)), [])]
-
-        for node, index, uuid, name, readings in gpu_rows:
-            gpus.append(Gpu.model_construct(
-                node=node, index=index, uuid=uuid, name=name,
-                slowdown_temperature_celsius=readings.get("slowdown_temperature_celsius"),
-                memory_used_bytes=readings.get("memory_used_bytes"),
-                memory_total_bytes=readings.get("memory_total_bytes"),
-                throttle_reasons=list(readings.get("throttle_reasons") or []),
-                xid_events_total=int(readings.get("xid_events_total") or 0), last_xid=readings.get("last_xid"),
-                history=gpu_history(node, index),
-            ))
+    if rows is not None and samples is not None and use_history and model is None and history == samples.horizon:
+        # The leader's rounds: the cache was trimmed to ``since`` by its refresh, so a kept node's histories are
+        # still exactly its window.
+        nodes, replicas, gpus = rows.assemble(node_rows, desired, samples, since)
+    else:
+        nodes, replicas, gpus = _built_whole(session, since, use_history, model, samples, rows, node_rows, desired)
     # Constructed, not validated: every part was validated on its way into the store, and validating
     # 8,000 replicas' histories would hold the interpreter for seconds while reports wait.
     return FleetSnapshot.model_construct(now=now, nodes=nodes, gpus=gpus, replicas=replicas,

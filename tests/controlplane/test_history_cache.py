@@ -166,3 +166,46 @@ def test_the_rounds_reread_only_the_nodes_that_reported_and_build_what_a_full_re
     assert client.delete("/v1/nodes/gpu-a").status_code in (200, 204)  # forgotten: gone with its rows
     cached, full = both()
     assert cached == full and {r["node"] for r in cached["replicas"]} == {"gpu-b", "gpu-c"}
+
+
+def test_the_rounds_snapshot_keeps_the_objects_of_nodes_that_changed_nothing(client: TestClient,
+                                                                            clock: FakeClock) -> None:
+    from controlplane.fleet.desired import DesiredChange, set_desired
+    from controlplane.remediation.snapshot import FleetRows
+
+    ctx = client.app.state.pitstop  # type: ignore[attr-defined]
+    window = timedelta(minutes=1)
+    rows, cache = FleetRows(), SampleHistory(window)
+
+    def both() -> tuple[Any, Any]:
+        with session_scope(ctx.sessions) as session:
+            kept = build_snapshot(session=session, now=clock.now, history=window, samples=cache, rows=rows)
+            full = build_snapshot(session=session, now=clock.now, history=window)
+        assert kept.model_dump() == full.model_dump()  # histories included
+        return kept, full
+
+    def objects(snap: Any, node: str) -> list[int]:
+        return [id(o) for o in [*snap.nodes, *snap.replicas, *snap.gpus] if getattr(o, "node", o.name) == node]
+
+    for node in ("gpu-b", "gpu-a", "gpu-c"):
+        _post(client, 0, node=node)
+    clock.now = T0 + timedelta(seconds=1)
+    first, _ = both()
+    assert rows.built_nodes == 3
+    _post(client, 1, node="gpu-b")  # one node reports: it alone is built again
+    clock.now = T0 + timedelta(seconds=11)
+    second, _ = both()
+    assert rows.built_nodes == 1
+    assert objects(second, "gpu-a") == objects(first, "gpu-a") and objects(second, "gpu-b") != objects(first, "gpu-b")
+    with session_scope(ctx.sessions) as session:  # an operator's wish changes no report, but the replica
+        set_desired(session=session, node="gpu-c", name="r1", change=DesiredChange(restart=True), now=clock.now)
+    third, _ = both()
+    assert rows.built_nodes == 1 and objects(third, "gpu-c") != objects(second, "gpu-c")
+    assert [r.desired_generation for r in third.replicas if r.node == "gpu-c"] == [None, 2]
+    clock.now = T0 + timedelta(seconds=62)  # the first reports' samples leave the window; gpu-b's second stays
+    fourth, _ = both()
+    assert rows.built_nodes == 3
+    assert [len(r.history) for r in fourth.replicas] == [0, 0, 1, 1, 0, 0]
+    assert client.delete("/v1/nodes/gpu-a").status_code in (200, 204)  # forgotten: gone with its objects
+    fifth, _ = both()
+    assert rows.built_nodes == 0 and {r.node for r in fifth.replicas} == {"gpu-b", "gpu-c"}

@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -165,26 +166,62 @@ def _policies(tmp_path: Path) -> list[Policy]:
     return load_directory(DEFAULTS_DIR) + load_directory(tmp_path)
 
 
+class _Kept:
+    """Snapshots that keep a node's objects from the round before while every one of them (the node, its replicas
+    and GPUs, histories included) is unchanged, and build the whole node afresh otherwise: what the leader's
+    ``FleetRows`` hands the rounds."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[Any, ...]] = {}
+
+    def __call__(self, snapshot: FleetSnapshot) -> FleetSnapshot:
+        def fields(o: Any) -> list[Any]:
+            return [getattr(o, f) for f in type(o).model_fields]
+
+        members: dict[str, list[Any]] = {n.name: [n] for n in snapshot.nodes}
+        for subject in [*snapshot.replicas, *snapshot.gpus]:
+            members[subject.node].append(subject)
+        kept: dict[int, Any] = {}
+        for name, objects in members.items():
+            last = self._last.get(name)
+            if last is not None and len(last) == len(objects) and all(
+                    fields(a) == fields(b) for a, b in zip(last, objects, strict=True)):
+                kept.update({id(new): old for new, old in zip(objects, last, strict=True)})
+            else:
+                self._last[name] = tuple(objects)
+        swap = [lambda o: kept.get(id(o), o)][0]
+        return snapshot.model_copy(update={"nodes": [swap(n) for n in snapshot.nodes],
+                                           "replicas": [swap(r) for r in snapshot.replicas],
+                                           "gpus": [swap(g) for g in snapshot.gpus]})
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["fresh-objects", "kept-objects"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_every_round_proposes_what_a_full_evaluation_proposes(tmp_path: Path, seed: int) -> None:
+def test_every_round_proposes_what_a_full_evaluation_proposes(tmp_path: Path, seed: int, keep: bool) -> None:
     policies = _policies(tmp_path)
     replicas, gpus, _ = _record(seed, duration=1200.0)
     rng = random.Random(seed * 7)
     evaluator = Evaluator()
-    now_s, rounds, kinds, judged, reused, screened = 1.0, 0, set(), 0, 0, 0
+    kept = _Kept()
+    now_s, rounds, kinds, judged, reused, screened, walked, pairs, gap = 1.0, 0, set(), 0, 0, 0, 0, 0, 0.0
     while now_s < 1200.0:
         snapshot = _snapshot(replicas, gpus, now_s)
         proposed = evaluate(policies, snapshot, snapshot.now)
         full = [a.model_dump() for a in proposed]
-        incremental = [a.model_dump() for a in evaluator.evaluate(policies, snapshot, snapshot.now)]
+        looked = kept(snapshot) if keep else snapshot
+        incremental = [a.model_dump() for a in evaluator.evaluate(policies, looked, snapshot.now)]
         assert incremental == full, f"round at {now_s:.2f} s differs"
         kinds |= {(a.policy, a.kind) for a in proposed}
         judged += evaluator.judged
         reused += evaluator.reused
         screened += evaluator.screened
+        if 0 < gap <= 0.5:  # a round soon after the one before: few nodes reported in between
+            walked += evaluator.walked
+            pairs += evaluator.judged + evaluator.reused + evaluator.screened
         rounds += 1
         # Rounds at uneven times: quick ones between reports, and now and then a long gap.
-        now_s += rng.choice([0.25, 0.5, 1.0, 1.7, 2.5, 5.0, 5.0, 12.0, 45.0])
+        gap = rng.choice([0.25, 0.5, 1.0, 1.7, 2.5, 5.0, 5.0, 12.0, 45.0])
+        now_s += gap
     # The history made every kind of detector speak at least once, or the comparison proved little.
     policies_seen = {p for p, _ in kinds}
     assert {"ttft-slo", "stall", "crash-loop", "thermal", "rss-leak-fast", "queue-slo", "ttft-share",
@@ -195,6 +232,13 @@ def test_every_round_proposes_what_a_full_evaluation_proposes(tmp_path: Path, se
     # round is a full evaluation with extra steps.
     assert reused + screened > (judged + reused + screened) / 3, (judged, reused, screened)
     assert reused > judged / 3 and screened > judged / 3, (judged, reused, screened)
+    # With a node's unchanged objects kept, a round soon after the last walks only what changed, fell due, was found
+    # or was judged last round (about half of this small, eventful fleet). Built afresh, every object is new and
+    # every pair is looked at.
+    if keep:
+        assert walked < pairs * 2 / 3, (walked, pairs)
+    else:
+        assert walked >= pairs, (walked, pairs)
 
 
 def test_a_changed_policy_is_judged_afresh(tmp_path: Path) -> None:
