@@ -44,6 +44,7 @@ from controlplane.policy.detectors.stall import detect_stall
 from controlplane.policy.detectors.thermal import detect_thermal
 from controlplane.policy.detectors.xid import detect_xid
 from controlplane.policy.governor import govern_model
+from controlplane.policy.memory import KeptReadings
 from controlplane.policy.payloads import (
     AlertPayload,
     CordonPayload,
@@ -252,8 +253,9 @@ def actions_for(policy: Policy, findings: Sequence[Finding], snapshot: FleetSnap
     return out
 
 
-def evaluate_policy(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> list[ProposedAction]:
-    """The actions one policy proposes now."""
+def evaluate_policy(policy: Policy, snapshot: FleetSnapshot, now: datetime,
+                    kept: KeptReadings | None = None) -> list[ProposedAction]:
+    """The actions one policy proposes now (``kept``: the governor's readings kept from earlier rounds)."""
     if not policy.enabled:
         return []
     if isinstance(policy.action, LowerMaxNumSeqsAction):
@@ -262,7 +264,7 @@ def evaluate_policy(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> l
         out: list[ProposedAction] = []
         for model in sorted({r.model for r in managed}):
             out += govern_model(policy, policy.condition, policy.action,
-                                [r for r in managed if r.model == model], now, snapshot.flag_trials)
+                                [r for r in managed if r.model == model], now, snapshot.flag_trials, kept)
         return out
     return actions_for(policy, detect(policy, snapshot, now), snapshot)
 

@@ -53,7 +53,16 @@ from controlplane.policy.detectors.slo import OPS, detect_threshold, signal_hold
 from controlplane.policy.durations import format_duration
 from controlplane.policy.kinds import ActionKind
 from controlplane.policy.live_cap import takes
-from controlplane.policy.memory import INVERSE, Candidate, Raising, Readings, Views, comfortable, throughput_ratios
+from controlplane.policy.memory import (
+    INVERSE,
+    Candidate,
+    KeptReadings,
+    Raising,
+    Readings,
+    Views,
+    comfortable,
+    throughput_ratios,
+)
 from controlplane.policy.payloads import AlertPayload, Judge, MaxNumSeqsPayload, SetLiveCapPayload, governed_flag
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction, Target, replica_target
@@ -176,9 +185,9 @@ def _change(policy: Policy, action: LowerMaxNumSeqsAction, kind: str, replicas: 
 
 def govern_model(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSeqsAction,
                  replicas: Sequence[Replica], now: datetime,
-                 trials: Sequence[FlagTrial] = ()) -> list[ProposedAction]:
+                 trials: Sequence[FlagTrial] = (), kept: KeptReadings | None = None) -> list[ProposedAction]:
     """Governor decisions for one model's managed replicas (serving ones are judged; restarting ones wait);
-    ``trials``: flag rungs recently taken back on the fleet."""
+    ``trials``: flag rungs recently taken back on the fleet; ``kept``: readings kept from earlier rounds."""
     replicas = [r for r in replicas if r.serving or r.state in SETTLING]
     if any(r.converging for r in replicas):
         return []  # a change (a rollback, a restart) is on its way: proposals would start from stale arguments
@@ -190,7 +199,7 @@ def govern_model(policy: Policy, cond: ThresholdCondition, action: LowerMaxNumSe
     raising = None if action.raise_ is None else Raising(cond, action, partial(_step_up, action), now)
     for r in replicas:
         key, serving = r.key, r.serving
-        history = read[id(r)] = Readings(r)
+        history = read[id(r)] = Readings(r) if kept is None else kept.of(r)
         found = breaches[key] = _breach(cond, action, r, history, cur[key], now) if serving else None
         if raising is None:
             continue

@@ -49,6 +49,7 @@ from controlplane.policy.evaluate import (
     in_scope_gpus,
     in_scope_replicas,
 )
+from controlplane.policy.memory import KeptReadings
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction
 from controlplane.policy.screens import screen
@@ -239,6 +240,8 @@ class Evaluator:
         self._gpus = _Versions()
         self._round = 0
         self._pushed = 0  # a tie-breaker for the due heaps
+        # The governor's readings of replicas, kept while the snapshot hands over the same objects.
+        self._readings = KeptReadings()
         # ``_recheck``'s answers by the round they are for, shared by the policies (one subject, one window).
         self._moments: dict[datetime, dict[tuple[str, float], datetime | None]] = {}
         self.judged = 0  # subjects judged by the last round
@@ -250,6 +253,7 @@ class Evaluator:
     def clear(self) -> None:
         self.primed = False
         self._answers.clear()
+        self._readings.clear()
         self._replicas = _Versions()
         self._gpus = _Versions()
 
@@ -276,10 +280,11 @@ class Evaluator:
             view = snapshot if judged_by_nodes(policy) else models
             if isinstance(policy.action, LowerMaxNumSeqsAction) or not isinstance(
                     cond, REPLICA_CONDITIONS + GPU_CONDITIONS):
-                out += evaluate_policy(policy, view, now)
+                out += evaluate_policy(policy, view, now, self._readings)
                 continue
             found = self._detect(policy, view, now, kept[id(policy)][1])
             out += actions_for(policy, found, view)
+        self._readings.keep_only(models.replicas)
         self.primed = True
         return out
 

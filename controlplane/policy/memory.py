@@ -47,7 +47,8 @@ _MAX_NUM_SEQS, _LIVE_CAP, _FLAGS_KEY = attrgetter("max_num_seqs"), attrgetter("l
 
 
 class Readings:
-    """One replica's history as one round of the governor reads it (never kept past the round).
+    """One replica's history as the governor reads it: a function of the replica alone, so it is kept across
+    rounds for as long as the snapshot hands over the very same replica object (``KeptReadings``).
 
     ``uniform``: no reading under a live cap, and none under other flags than the replica runs now (the usual
     history); then the readings at a value are the whole history or none of it, told from the set of values.
@@ -119,6 +120,29 @@ class Readings:
                 if i < hi:
                     samples.append(s)
         return [Stretch(value, samples, 0, len(samples), partial(_column_of, samples)) for value, samples in by.items()]
+
+
+class KeptReadings:
+    """``Readings`` kept from one round to the next for the replica objects they were read from: a snapshot that
+    keeps an unchanged node's objects (``remediation.snapshot.FleetRows``) spares the governor re-reading its
+    histories, their values, flags and columns, each round."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, Readings] = {}  # by the replica object (each held by its Readings: ids stay theirs)
+
+    def of(self, replica: Replica) -> Readings:
+        found = self._by_id.get(id(replica))
+        if found is None:
+            found = self._by_id[id(replica)] = Readings(replica)
+        return found
+
+    def keep_only(self, replicas: Iterable[Replica]) -> None:
+        """Forget the readings of every replica object but these (a round's)."""
+        by_id = self._by_id
+        self._by_id = {id(r): found for r in replicas if (found := by_id.get(id(r))) is not None}
+
+    def clear(self) -> None:
+        self._by_id.clear()
 
 
 def _column_of(samples: Sequence[ReplicaSample], signal: str) -> Column:

@@ -225,7 +225,7 @@ def test_every_round_proposes_what_a_full_evaluation_proposes(tmp_path: Path, se
     # The history made every kind of detector speak at least once, or the comparison proved little.
     policies_seen = {p for p, _ in kinds}
     assert {"ttft-slo", "stall", "crash-loop", "thermal", "rss-leak-fast", "queue-slo", "ttft-share",
-            "node-unreachable"} <= policies_seen, policies_seen
+            "node-unreachable", "itl-slo"} <= policies_seen, policies_seen  # itl-slo: the governor
     assert rounds > 100
     # Answers carried over from earlier rounds, and answers told by a field or the newest reading: together over a
     # third of every answer (as the carried-over ones alone were before screens), and each kind saves work, or the
