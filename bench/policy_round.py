@@ -12,7 +12,7 @@ Measured per round (medians over the rounds after the first, then over runs): th
 (``PolicyRounds.run`` as the policy process calls it, the garbage collection after the round included; nothing
 is proposed on a calm fleet, so the executor does no work; the CPU seconds are the steadier figure on a shared
 machine), that collection alone, and how many subjects the evaluator judged, reused from an earlier round, or
-screened.
+screened, and how many subject-policy pairs it looked at (``walked``; the rest kept their answers unlooked).
 
 ``--baseline REV`` measures that revision of the repository too, side by side: the runs alternate between the
 two trees, each on a fresh copy of the same seeded store.
@@ -98,7 +98,10 @@ def worker(args: argparse.Namespace) -> int:
         evaluator = rounds.evaluator
         measured.append({"round_s": took, "round_cpu_s": cpu, "gc_s": heap.collect_s,
                          "judged": evaluator.judged,
-                         "reused": evaluator.reused, "screened": getattr(evaluator, "screened", 0)})
+                         "reused": evaluator.reused, "screened": getattr(evaluator, "screened", 0),
+                         # Pairs looked at; a build without the walk looked at every one.
+                         "walked": getattr(evaluator, "walked", evaluator.judged + evaluator.reused
+                                           + getattr(evaluator, "screened", 0))})
     steady = measured[1:] or measured  # the first round after the cold one still settles the cold one's answers
     print(json.dumps({"cold_s": cold, "rounds": measured,
                       **{k: statistics.median(m[k] for m in steady) for k in measured[0]}}), flush=True)
@@ -166,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(result)
                 print(f"{name:>9} run {n + 1}: round {result['round_s']:.3f} s ({result['round_cpu_s']:.3f} s CPU), "
                       f"gc {result['gc_s']:.3f} s, judged {result['judged']:.0f}, reused {result['reused']:.0f}, "
-                      f"screened {result['screened']:.0f}", flush=True)
+                      f"screened {result['screened']:.0f}, walked {result['walked']:.0f}", flush=True)
     medians = {name: {k: statistics.median(r[k] for r in runs if r["tree"] == name)
-                      for k in ("round_s", "round_cpu_s", "gc_s", "judged", "reused", "screened", "cold_s")}
+                      for k in ("round_s", "round_cpu_s", "gc_s", "judged", "reused", "screened", "walked",
+                                "cold_s")}
                for name in trees}
     ratio = None
     if args.baseline:
