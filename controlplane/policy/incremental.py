@@ -233,9 +233,11 @@ class Evaluator:
     nodes' objects, a round walks what changed, not the fleet. Any other policy is asked of every subject in
     scope, each answer reused where it still holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, whole_walk_share: float = 0.75) -> None:
         # By the policy object: a changed file loads new objects, whose answers are not known yet.
         self._answers: dict[int, tuple[Policy, _Answers]] = {}
+        # Past this share of a policy's subjects to look at again, a round walks them all in order instead.
+        self._whole_walk_share = whole_walk_share
         self._replicas = _Versions()
         self._gpus = _Versions()
         self._round = 0
@@ -305,23 +307,26 @@ class Evaluator:
         versions = self._gpus if gpus else self._replicas
         walk_changed = (policy.scope.everything and answers.round == self._round - 1 and answers.at is not None
                         and answers.at <= now)
+        keys = self._candidates(answers, versions, now) if walk_changed else set()
+        # Most of the fleet to look at again (nearly every node reported since): walking it in order and starting
+        # the answers afresh costs less than picking the keys out one by one (0.25 s of a round at 1,000 nodes).
+        walk_changed = walk_changed and len(keys) <= len(versions.order) * self._whole_walk_share
+        subjects: Sequence[Replica | Gpu]
         if walk_changed:
-            keys = self._candidates(answers, versions, now)
             order = versions.order
-            subjects: Sequence[Replica | Gpu] = [versions.subjects[k] for k in sorted(
-                (k for k in keys if k in order), key=order.__getitem__)]
+            subjects = [versions.subjects[k] for k in sorted((k for k in keys if k in order), key=order.__getitem__)]
+            old_quiet = {key: answers.quiet.pop(key) for key in keys if key in answers.quiet}
+            for key in keys:
+                answers.calm.pop(key, None)
+            answers.found.difference_update(keys)
         else:
             subjects = in_scope_gpus(policy, snapshot) if gpus else in_scope_replicas(policy, snapshot)
-            answers.calm, answers.quiet, answers.found, answers.due = {}, {**answers.quiet}, set(), []
-            keys = set(answers.quiet)  # every old answer is looked at again (or dropped) below
+            old_quiet, answers.quiet = answers.quiet, {}  # every old answer is looked at again (or dropped)
+            answers.calm, answers.found, answers.due = {}, set(), []
         calm = screen(cond, now)
         leaks = isinstance(cond, LeakCondition)
         prefix = "gpu:" if gpus else "replica:"
         found: list[Finding] = []
-        old_quiet = {key: answers.quiet.pop(key) for key in keys if key in answers.quiet}
-        for key in keys:
-            answers.calm.pop(key, None)
-        answers.found.difference_update(keys)
         unsettled: list[str] = []
         self.walked += len(subjects)
         for subject in subjects:

@@ -195,13 +195,17 @@ class _Kept:
                                            "gpus": [swap(g) for g in snapshot.gpus]})
 
 
-@pytest.mark.parametrize("keep", [False, True], ids=["fresh-objects", "kept-objects"])
+@pytest.mark.parametrize(("keep", "whole_walk_share"), [(False, 0.75), (True, 0.75), (True, 1.0)],
+                         ids=["fresh-objects", "kept-objects", "kept-objects-never-walked-whole"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_every_round_proposes_what_a_full_evaluation_proposes(tmp_path: Path, seed: int, keep: bool) -> None:
+def test_every_round_proposes_what_a_full_evaluation_proposes(tmp_path: Path, seed: int, keep: bool,
+                                                              whole_walk_share: float) -> None:
     policies = _policies(tmp_path)
     replicas, gpus, _ = _record(seed, duration=1200.0)
     rng = random.Random(seed * 7)
-    evaluator = Evaluator()
+    # A share of 1: the changed subjects alone are walked however many changed (this small fleet often crosses
+    # the default share, which then walks every subject).
+    evaluator = Evaluator(whole_walk_share=whole_walk_share)
     kept = _Kept()
     now_s, rounds, kinds, judged, reused, screened, walked, pairs, gap = 1.0, 0, set(), 0, 0, 0, 0, 0, 0.0
     while now_s < 1200.0:
