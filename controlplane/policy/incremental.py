@@ -330,10 +330,10 @@ class Evaluator:
         unsettled: list[str] = []
         self.walked += len(subjects)
         for subject in subjects:
-            if calm is not None and calm(subject):
-                answers.calm[subject.key] = subject
-                continue
             key = subject.key
+            if calm is not None and calm(subject):
+                answers.calm[key] = subject
+                continue
             version = versions[key]
             known = old_quiet.get(key)
             if known is not None and known.version == version and known.at <= now:
