@@ -154,8 +154,8 @@ class _Versions:
 
 
 class _Answers:
-    """One policy's answers on its subjects as of the round ``round``: those screened calm (the very object
-    screened: a calm screen stays calm while the subject is unchanged and the clock moves on, ``screens``), those
+    """One policy's answers on its subjects as of the round ``round``: those screened calm (a calm screen stays
+    calm while the subject is unchanged and the clock moves on, ``screens``; a changed one is walked again), those
     judged quiet, those with a finding (judged again every round), and the quiet ones by the moment they fall
     due (a heap; an entry whose answer was replaced since is skipped when it comes up)."""
 
@@ -164,7 +164,7 @@ class _Answers:
     def __init__(self) -> None:
         self.round = -1
         self.at: datetime | None = None
-        self.calm: dict[str, Any] = {}
+        self.calm: set[str] = set()
         self.quiet: dict[str, _Quiet] = {}
         self.found: set[str] = set()
         self.unsettled: list[str] = []  # judged quiet by the last round: their ``until`` is still pending
@@ -317,12 +317,12 @@ class Evaluator:
             subjects = [versions.subjects[k] for k in sorted((k for k in keys if k in order), key=order.__getitem__)]
             old_quiet = {key: answers.quiet.pop(key) for key in keys if key in answers.quiet}
             for key in keys:
-                answers.calm.pop(key, None)
+                answers.calm.discard(key)
             answers.found.difference_update(keys)
         else:
             subjects = in_scope_gpus(policy, snapshot) if gpus else in_scope_replicas(policy, snapshot)
             old_quiet, answers.quiet = answers.quiet, {}  # every old answer is looked at again (or dropped)
-            answers.calm, answers.found, answers.due = {}, set(), []
+            answers.calm, answers.found, answers.due = set(), set(), []
         calm = screen(cond, now)
         leaks = isinstance(cond, LeakCondition)
         prefix = "gpu:" if gpus else "replica:"
@@ -332,14 +332,14 @@ class Evaluator:
         for subject in subjects:
             key = subject.key
             if calm is not None and calm(subject):
-                answers.calm[key] = subject
+                answers.calm.add(key)
                 continue
             version = versions[key]
             known = old_quiet.get(key)
             if known is not None and known.version == version and known.at <= now:
                 if known.pending is not None:
                     known = self._settle(known)
-                    if known.until is not None:
+                    if walk_changed and known.until is not None:  # a whole walk builds its heap at the end
                         self._push(answers, known.until, key, known)
                 if known.until is None or now < known.until:
                     answers.quiet[key] = known

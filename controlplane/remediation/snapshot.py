@@ -127,6 +127,7 @@ class FleetRows:
         touched = samples.take_touched()
         built: dict[str, tuple[Any, Node, list[Replica], list[Gpu]]] = {}
         nodes: list[Node] = []
+        self.built_nodes = 0
         for n in node_rows:
             name = n.name
             _, replica_rows, gpu_rows = self._nodes[name]
@@ -134,9 +135,9 @@ class FleetRows:
             kept = self._built.get(name)
             if kept is None or kept[0] != inputs or name in touched:
                 kept = (inputs, _node(n), *self._objects(name, replica_rows, gpu_rows, desired, samples, since))
+                self.built_nodes += 1
             built[name] = kept
             nodes.append(kept[1])
-        self.built_nodes = sum(1 for name, kept in built.items() if self._built.get(name) is not kept)
         self._built = built
         in_order = sorted(built)  # Python's order, as ``_in_order`` sorts, whatever the database's collation
         return (nodes, [r for name in in_order for r in built[name][2]],
