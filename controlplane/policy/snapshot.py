@@ -60,9 +60,9 @@ class Replica(_Frozen):
     desired_live_cap: int | None = None
     engine_kind: EngineName = DEFAULT_ENGINE
 
-    @property
+    @cached_property
     def key(self) -> str:
-        """Fleet-unique name, ``node/replica``."""
+        """Fleet-unique name, ``node/replica`` (kept: a round reads it of every subject, for every policy)."""
         return f"{self.node}/{self.name}"
 
     @cached_property
@@ -139,7 +139,7 @@ class Gpu(_Frozen):
     last_xid: int | None = None
     history: list[GpuReading] = Field(default_factory=list)
 
-    @property
+    @cached_property
     def key(self) -> str:
         return f"{self.node}/{self.index}"
 

@@ -97,18 +97,17 @@ def _flat(cond: LeakCondition, history: Sequence[ReplicaSample], field: str, sta
     The quarters' times are in order, so the median of their times is at their middle; only their values are
     sorted."""
     first, end = between(history, start, now)
-    values = list(map(attrgetter(field), islice(history, first, end)))
-    if not values:
-        return False
-    try:
-        sum(values)
-    except (TypeError, OverflowError):
-        return False  # a missing reading among them (or no number)
-    if len(values) < cond.min_samples:
+    # Too few samples, or too short a span, whatever they read: leaving out missing readings only takes away.
+    if end - first < cond.min_samples:
         return True
     t0 = history[first].at
     if (history[end - 1].at - t0).total_seconds() < cond.min_window:
         return True
+    values = list(map(attrgetter(field), islice(history, first, end)))
+    try:
+        sum(values)
+    except (TypeError, OverflowError):
+        return False  # a missing reading among them (or no number)
     q = max(2, len(values) // 4)
     head, tail = history[first:first + q], history[end - q:end]
     dx = _middle(tail, t0) - _middle(head, t0)
