@@ -148,6 +148,17 @@ class Poller:
         self._thread.join(timeout=5)
 
 
+def policy_rounds(cp: str) -> tuple[float, int]:
+    """The control plane's policy rounds so far: seconds in them and how many (``pitstop_cp_policy_round_seconds``).
+    A round's length is most of the time past ``for:`` on a large fleet: a fault waits for the next round to begin,
+    then for it to end."""
+    text = httpx.get(f"{cp}/metrics", timeout=10.0).text
+    figures = {name: float(value) for name, _, value in (line.partition(" ") for line in text.splitlines())
+               if name in ("pitstop_cp_policy_round_seconds_sum", "pitstop_cp_policy_round_seconds_count")}
+    return (figures.get("pitstop_cp_policy_round_seconds_sum", 0.0),
+            int(figures.get("pitstop_cp_policy_round_seconds_count", 0)))
+
+
 def condition_due(fleet: Fleet, policies: Path, actions: dict[str, dict[str, Any] | None]) -> dict[str, Due | None]:
     """Per fault, when the stored samples first met the acting policy's condition (``bench.harness.crossing``),
     read from the control plane's database once it has stopped."""
@@ -298,6 +309,7 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
                          for i in range(args.fleet - 1)]
             others = Background(fleet.cp, templates, interval=5.0, token="bench-agent-token").start()
             time.sleep(10.0)  # every node has reported, and the rounds have read them once
+        rounds_before, counted_from = policy_rounds(fleet.cp), time.time()
         faults = start_faults(fleet, replicas, watch, by_name, policies)
         fault_at, poller, loop, loads = faults.at, faults.poller, faults.loop, faults.loads
         got: dict[str, dict[str, Any]] = {}
@@ -315,6 +327,7 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
 
         wait_until(done, args.timeout + 30, what="the stock alerts", interval=0.5)
         ended = time.time()
+        rounds_after = policy_rounds(fleet.cp)
         poller.stop()
         if loop is not None:
             loop.__exit__()
@@ -325,7 +338,10 @@ def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     recorded = {f: poller.first_record(POLICY[f], "bench-node/3" if f == "hot" else "" if f == "ttft"
                                        else f"p-{REPLICA[f]}") for f in FAULTS}
     due = condition_due(fleet, policies, recorded)
-    out: dict[str, Any] = {"deliveries": sorted({d.labels.get("alertname", "") + " " + ",".join(
+    count = rounds_after[1] - rounds_before[1]
+    out: dict[str, Any] = {"policy_rounds": {"count": count, "mean_s": (rounds_after[0] - rounds_before[0]) / count
+                                             if count else None, "over_s": ended - counted_from},
+                           "deliveries": sorted({d.labels.get("alertname", "") + " " + ",".join(
         f"{k}={d.labels[k]}" for k in ("replica", "gpu", "model") if k in d.labels) for d in hook.deliveries})}
     for fault in FAULTS:
         names = [f"p-{REPLICA[fault]}"] if fault != "ttft" else ["p-slow0", "p-slow1"]
@@ -401,6 +417,9 @@ def main() -> int:
             r = one_run(Path(tmp), args)
         runs.append(r)
         print(f"run {i + 1}: delivered {r['deliveries']}")
+        rounds = r["policy_rounds"]
+        print(f"run {i + 1}: {rounds['count']} policy rounds in the {rounds['over_s']:.0f} s of the faults, "
+              f"{fmt(rounds['mean_s'], ' s')} each")
         print(f"run {i + 1}: " + "; ".join(
             f"{f}: pitstop {fmt(r[f]['pitstop_action_s'], ' s')} (past for: {fmt(r[f]['pitstop_overhead_s'], ' s')},"
             f" agent {fmt(r[f]['pitstop_agent_acted_s'], ' s')}),"
