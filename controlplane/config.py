@@ -170,8 +170,8 @@ class ServerConfig(BaseModel):
     # that came during a round at least this long start the next one at once (they have waited already).
     policy_debounce_seconds: float = Field(default=0.25, ge=0)
     # After a round slower than half a second, the next waits so rounds take at most this share of the time.
-    # 1 (no wait) by default: the rounds run in a niced process of their own, so the scheduler serves reports
-    # first anyway (at 1,000 nodes report p99 was the same at 1 and 0.5), and a round judges what changed since
+    # 1 (no wait) by default: the rounds run in a process of their own, so they never hold the API's interpreter
+    # (at 1,000 nodes report p99 was the same at 1 and 0.5), and a round judges what changed since
     # the one before (docs/design.md, "Rounds at fleet scale"): spaced further apart, each judges more, and at
     # 0.5 they came every 9 s instead of every 4.6 s. Lower it when the rounds share the API process
     # (``policy_process: false``).
@@ -179,9 +179,10 @@ class ServerConfig(BaseModel):
     # ``pitstop server`` runs the policy rounds in a process of their own, so a large fleet's evaluation never
     # shares the API process's interpreter lock with reports; false runs them in the API process.
     policy_process: bool = True
-    # The policy process's niceness (0 to 19): on a busy host the scheduler serves the API first, so report
-    # latency holds while a large fleet's round takes longer.
-    policy_process_nice: int = Field(default=10, ge=0, le=19)
+    # The policy process's niceness (0 to 19). 0 by default: niced, the rounds yielded to every other process on a
+    # busy host and fault to action waited on them, while report latency did not depend on it (docs/design.md,
+    # "Rounds at fleet scale", Pace). Raise it where the host's other work must come first.
+    policy_process_nice: int = Field(default=0, ge=0, le=19)
     # Rounds spread by model over the control planes (docs/design.md, "Spreading rounds"): the number of model
     # shards, beside one node shard. 1: the leader judges the whole fleet. More, on PostgreSQL: every control
     # plane judges a fair share of the shards, each held as an advisory lock (SQLite: the leader holds them all).

@@ -118,8 +118,8 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
     shared lock taken and hang the API process's shutdown. It ends the moment the API process is gone, however
     that went (SIGKILL included): see ``_exit_with_parent``.
 
-    It runs at a lower CPU priority (``policy_process_nice``): where cores are short, a round may take longer,
-    but agents' reports and operators' requests are answered first.
+    It runs at the niceness ``policy_process_nice`` (0 by default, as the API process: a niced round yielded to
+    every other process on a busy host, and the decisions waited, while reports were answered as fast either way).
     """
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
