@@ -27,7 +27,8 @@ unchanged (``alerts/pitstop-rules.yml``: EngineStalled ``for: 2m``, TTFTSLOBreac
 ``for: 2m`` / GPUThrottled ``for: 1m``), Alertmanager with ``group_wait: 30s``, a webhook receiver;
 measured from the fault to the alert's delivery. ``--quick`` shortens the baseline too (labelled).
 
-    python bench/fault_to_action.py [--quick] [--runs 3] [--out bench/results/fault_to_action.json]
+    python bench/fault_to_action.py [--quick] [--runs 3] [--fleet 1000] [--backend postgresql]
+                                    [--out bench/results/fault_to_action.json]
 """
 
 from __future__ import annotations
@@ -47,12 +48,13 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cp_reports import database
 from bench.harness.crossing import Due, stall_due, thermal_due, threshold_due
 from bench.harness.figures import fmt, host_note, median, ratio, table, write_json
 from bench.harness.fleet import Fleet, ListenWatch, Replica, wall
 from bench.harness.load import BackgroundLoad
 from bench.harness.policy_loop import StandInLoop, server_runs_policies
-from bench.harness.procs import Processes, wait_until
+from bench.harness.procs import Processes, free_port, wait_until
 from bench.harness.stock_alerting import (
     WebhookReceiver,
     rule_for,
@@ -284,10 +286,10 @@ def start_faults(fleet: Fleet, replicas: list[Replica], watch: ListenWatch, by_n
     return Faults(fault_at, poller, loop, loads, lead)
 
 
-def one_run(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+def one_run(tmp: Path, args: argparse.Namespace, database_url: str) -> dict[str, Any]:
     replicas, by_name = fault_fleet()
     policies = policy_dir(tmp / "policies", args.policy_for)
-    server = {"policy_dir": str(policies), "policy_interval_seconds": 1.0}
+    server = {"policy_dir": str(policies), "policy_interval_seconds": 1.0, "database_url": database_url}
     with Processes(tmp / "logs") as procs, WebhookReceiver() as hook:
         watch = ListenWatch({r.name: r.port for r in replicas})
         # The agent's canary settings are its defaults: the wedge must be seen on them.
@@ -407,14 +409,16 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="longest wait for the stock alerts")
     p.add_argument("--fleet", type=int, default=1,
                    help="nodes in the fleet: the measured one, and synthetic nodes of 8 GPUs and 8 replicas")
+    p.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite",
+                   help="the control plane's store (postgresql: a throw-away server of Debian's binaries)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fault_to_action.json")
     args = p.parse_args()
     if args.quick:
         args.runs, args.timeout = 1, 90.0
     runs = []
     for i in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="bench-f2a-") as tmp:
-            r = one_run(Path(tmp), args)
+        with tempfile.TemporaryDirectory(prefix="bench-f2a-") as tmp, database(args.backend, free_port()) as url:
+            r = one_run(Path(tmp), args, url)
         runs.append(r)
         print(f"run {i + 1}: delivered {r['deliveries']}")
         rounds = r["policy_rounds"]
@@ -429,6 +433,7 @@ def main() -> int:
                      else "stock baseline (scrape 15 s, repo rules unchanged, group_wait 30 s)")
     loop = "control plane's policy job" if server_runs_policies() else "stand-in policy loop (bench/harness)"
     print(f"\nfault to action, medians of {args.runs} run(s); {loop}, policies with for: {args.policy_for:g} s; "
+          f"store {args.backend}; "
           f"{baseline_note}; {host_note()}")
     print(table(["fault", "readiness off", "pitstop action", "first crossing", "past for:", "READY again",
                  "agent acted", "baseline webhook",
@@ -436,7 +441,7 @@ def main() -> int:
                 rows))
     write_json(args.out, "fault_to_action", {
         "settings": {"runs": args.runs, "policy_for_seconds": args.policy_for, "baseline": baseline_note,
-                     "fleet_nodes": args.fleet,
+                     "fleet_nodes": args.fleet, "backend": args.backend,
                      "policy_loop": "control plane's job" if server_runs_policies() else "stand-in (bench.harness)",
                      "hang_after_s": HANG_AFTER, "hot_after_s": HOT_AFTER},
         "medians": medians, "runs": runs})
