@@ -181,7 +181,7 @@ class ServerConfig(BaseModel):
     policy_process: bool = True
     # The policy process's niceness (0 to 19). 0 by default: niced, the rounds yielded to every other process on a
     # busy host and fault to action waited on them, while report latency did not depend on it (docs/design.md,
-    # "Rounds at fleet scale", Pace). Raise it where the host's other work must come first.
+    # "Rounds at fleet scale", Niceness). Raise it where the host's other work must come first.
     policy_process_nice: int = Field(default=0, ge=0, le=19)
     # Rounds spread by model over the control planes (docs/design.md, "Spreading rounds"): the number of model
     # shards, beside one node shard. 1: the leader judges the whole fleet. More, on PostgreSQL: every control
