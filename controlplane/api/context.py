@@ -49,7 +49,8 @@ def get_context(request: Request) -> AppContext:
 
 
 def get_session(request: Request) -> Iterator[Session]:
-    """One session per request, committed when the handler returns normally."""
+    """One session per request, committed when the handler returns normally: before the answer is sent (``Db``), so
+    a client that was told a write succeeded reads it back, and a commit that fails is answered as an error."""
     with session_scope(get_context(request).sessions) as session:
         yield session
 
@@ -79,7 +80,9 @@ def require_admin(request: Request) -> Principal:
 # The parameters every router declares the same way: the app's context, a session, the caller's principal at a
 # role, and a row id (a database integer: a larger number is a 422, not an overflow in the driver).
 Ctx = Annotated[AppContext, Depends(get_context)]
-Db = Annotated[Session, Depends(get_session)]
+# ``scope="function"``: by default FastAPI runs a dependency's code after ``yield`` once the response has gone out,
+# and the commit with it: a write was answered before it was stored.
+Db = Annotated[Session, Depends(get_session, scope="function")]
 Operator = Annotated[Principal, Depends(require_operator)]
 Admin = Annotated[Principal, Depends(require_admin)]
 RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
