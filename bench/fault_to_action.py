@@ -48,7 +48,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.cp_reports import database
+from bench.cp_reports import database, policy_round_stats
 from bench.harness.crossing import Due, stall_due, thermal_due, threshold_due
 from bench.harness.figures import fmt, host_note, median, ratio, table, write_json
 from bench.harness.fleet import Fleet, ListenWatch, Replica, wall
@@ -148,17 +148,6 @@ class Poller:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-
-
-def policy_rounds(cp: str) -> tuple[float, int]:
-    """The control plane's policy rounds so far: seconds in them and how many (``pitstop_cp_policy_round_seconds``).
-    A round's length is most of the time past ``for:`` on a large fleet: a fault waits for the next round to begin,
-    then for it to end."""
-    text = httpx.get(f"{cp}/metrics", timeout=10.0).text
-    figures = {name: float(value) for name, _, value in (line.partition(" ") for line in text.splitlines())
-               if name in ("pitstop_cp_policy_round_seconds_sum", "pitstop_cp_policy_round_seconds_count")}
-    return (figures.get("pitstop_cp_policy_round_seconds_sum", 0.0),
-            int(figures.get("pitstop_cp_policy_round_seconds_count", 0)))
 
 
 def condition_due(fleet: Fleet, policies: Path, actions: dict[str, dict[str, Any] | None]) -> dict[str, Due | None]:
@@ -311,7 +300,8 @@ def one_run(tmp: Path, args: argparse.Namespace, database_url: str) -> dict[str,
                          for i in range(args.fleet - 1)]
             others = Background(fleet.cp, templates, interval=5.0, token="bench-agent-token").start()
             time.sleep(10.0)  # every node has reported, and the rounds have read them once
-        rounds_before, counted_from = policy_rounds(fleet.cp), time.time()
+        # The rounds while the faults run: on a large fleet, a fault waits for the next round and then its length.
+        rounds_before, counted_from = policy_round_stats(fleet.cp), time.time()
         faults = start_faults(fleet, replicas, watch, by_name, policies)
         fault_at, poller, loop, loads = faults.at, faults.poller, faults.loop, faults.loads
         got: dict[str, dict[str, Any]] = {}
@@ -329,7 +319,7 @@ def one_run(tmp: Path, args: argparse.Namespace, database_url: str) -> dict[str,
 
         wait_until(done, args.timeout + 30, what="the stock alerts", interval=0.5)
         ended = time.time()
-        rounds_after = policy_rounds(fleet.cp)
+        rounds_after = policy_round_stats(fleet.cp)
         poller.stop()
         if loop is not None:
             loop.__exit__()
@@ -340,8 +330,9 @@ def one_run(tmp: Path, args: argparse.Namespace, database_url: str) -> dict[str,
     recorded = {f: poller.first_record(POLICY[f], "bench-node/3" if f == "hot" else "" if f == "ttft"
                                        else f"p-{REPLICA[f]}") for f in FAULTS}
     due = condition_due(fleet, policies, recorded)
-    count = rounds_after[1] - rounds_before[1]
-    out: dict[str, Any] = {"policy_rounds": {"count": count, "mean_s": (rounds_after[0] - rounds_before[0]) / count
+    count = int(rounds_after.get("count", 0) - rounds_before.get("count", 0))
+    took = rounds_after.get("sum", 0.0) - rounds_before.get("sum", 0.0)
+    out: dict[str, Any] = {"policy_rounds": {"count": count, "mean_s": took / count
                                              if count else None, "over_s": ended - counted_from},
                            "deliveries": sorted({d.labels.get("alertname", "") + " " + ",".join(
         f"{k}={d.labels[k]}" for k in ("replica", "gpu", "model") if k in d.labels) for d in hook.deliveries})}
