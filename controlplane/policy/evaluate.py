@@ -62,25 +62,37 @@ GPU_CONDITIONS = (ThermalCondition, XidCondition, EccCondition)
 
 
 def in_scope_replicas(policy: Policy, snapshot: FleetSnapshot) -> list[Replica]:
-    if policy.scope.everything:
+    scope = policy.scope
+    if scope.everything:
         return list(snapshot.replicas)  # no replica matched one by one (13 policies, 8,000 replicas, each round)
-    return [r for r in snapshot.replicas if policy.scope.matches(r)]
+    return list(snapshot.memo(("replicas", scope.key), lambda: [r for r in snapshot.replicas if scope.matches(r)]))
 
 
 def in_scope_gpus(policy: Policy, snapshot: FleetSnapshot) -> list[Gpu]:
     """GPUs on in-scope nodes; with model or label selectors, only GPUs running a selected replica."""
     if policy.scope.everything:
         return list(snapshot.gpus)
-    by_replica = policy.scope.by_replica  # once, not once a GPU
-    return [g for g in snapshot.gpus if policy.scope.matches_node(g.node) and (
-        not by_replica or any(policy.scope.matches(r) for r in snapshot.replicas_on(g.node, g.index)))]
+    return list(snapshot.memo(("gpus", policy.scope.key),
+                              lambda: [g for g in snapshot.gpus if gpu_in_scope(policy, g, snapshot)]))
+
+
+def gpu_in_scope(policy: Policy, gpu: Gpu, snapshot: FleetSnapshot) -> bool:
+    """Whether ``in_scope_gpus`` holds ``gpu``: its node is named, and it runs a selected replica where the scope
+    selects models or labels (so a GPU's answer moves with the replicas on it, not only with its readings)."""
+    scope = policy.scope
+    return scope.matches_node(gpu.node) and (
+        not scope.by_replica or any(scope.matches(r) for r in snapshot.replicas_on(gpu.node, gpu.index)))
 
 
 def in_scope_nodes(policy: Policy, snapshot: FleetSnapshot) -> list[Node]:
     """Nodes the scope names; with model or label selectors, only nodes running a selected replica."""
-    by_replica = policy.scope.by_replica
-    return [n for n in snapshot.nodes if policy.scope.matches_node(n.name) and (
-        not by_replica or any(policy.scope.matches(r) for r in snapshot.replicas_on(n.name)))]
+    scope = policy.scope
+
+    def build() -> list[Node]:
+        return [n for n in snapshot.nodes if scope.matches_node(n.name) and (
+            not scope.by_replica or any(scope.matches(r) for r in snapshot.replicas_on(n.name)))]
+
+    return list(snapshot.memo(("nodes", scope.key), build))
 
 
 def alert_target(key: str) -> Target | None:

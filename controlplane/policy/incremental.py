@@ -92,6 +92,19 @@ class _Quiet:
         self.pending = pending
 
 
+def _scoped(policy: Policy, snapshot: FleetSnapshot, gpus: bool) -> frozenset[str] | None:
+    """The keys of the subjects a selecting scope holds this round (None: the scope is everything), worked out
+    once per snapshot for all the policies with that scope."""
+    scope = policy.scope
+    if scope.everything:
+        return None
+    if gpus:
+        return snapshot.memo(("gpu keys", scope.key),
+                             lambda: frozenset(g.key for g in in_scope_gpus(policy, snapshot)))
+    return snapshot.memo(("replica keys", scope.key),
+                         lambda: frozenset(r.key for r in in_scope_replicas(policy, snapshot)))
+
+
 def _history_span(history: Sequence[Any]) -> tuple[Any, ...]:
     # A history gains samples at its end (or, reported late, inside) and loses them at its start: its length and
     # both ends tell every change apart.
@@ -159,11 +172,12 @@ class _Answers:
     judged quiet, those with a finding (judged again every round), and the quiet ones by the moment they fall
     due (a heap; an entry whose answer was replaced since is skipped when it comes up)."""
 
-    __slots__ = ("at", "calm", "due", "found", "quiet", "round", "unsettled")
+    __slots__ = ("at", "calm", "due", "found", "quiet", "round", "scoped", "unsettled")
 
     def __init__(self) -> None:
         self.round = -1
         self.at: datetime | None = None
+        self.scoped: frozenset[str] | None = None  # the subjects in a selecting scope as of ``round``
         self.calm: set[str] = set()
         self.quiet: dict[str, _Quiet] = {}
         self.found: set[str] = set()
@@ -227,11 +241,11 @@ def _moment(history: Sequence[Any], since: datetime | None, now: datetime, key: 
 class Evaluator:
     """``evaluate`` across rounds, judging again only the subjects whose answer may have changed.
 
-    A policy whose scope is everything, looked at in the round before, is asked only of the subjects that are
-    new objects since (a changed or new node's), those whose quiet answer fell due, those it found something on
-    and those judged quiet last round (their moment is worked out now): with a snapshot that keeps unchanged
-    nodes' objects, a round walks what changed, not the fleet. Any other policy is asked of every subject in
-    scope, each answer reused where it still holds."""
+    A policy looked at in the round before is asked only of the subjects in its scope that are new objects since
+    (a changed or new node's), those whose quiet answer fell due, those it found something on, those judged quiet
+    last round (their moment is worked out now) and those that entered its scope: with a snapshot that keeps
+    unchanged nodes' objects, a round walks what changed, not the fleet. A policy new to the evaluator (or
+    skipped a round) is asked of every subject in scope, each answer reused where it still holds."""
 
     def __init__(self, whole_walk_share: float = 0.75) -> None:
         # By the policy object: a changed file loads new objects, whose answers are not known yet.
@@ -305,16 +319,22 @@ class Evaluator:
         cond = policy.condition
         gpus = isinstance(cond, GPU_CONDITIONS)
         versions = self._gpus if gpus else self._replicas
-        walk_changed = (policy.scope.everything and answers.round == self._round - 1 and answers.at is not None
-                        and answers.at <= now)
+        scoped = _scoped(policy, snapshot, gpus)
+        walk_changed = answers.round == self._round - 1 and answers.at is not None and answers.at <= now
         keys = self._candidates(answers, versions, now) if walk_changed else set()
+        if walk_changed and scoped is not None and answers.scoped is not None:
+            # Entered or left the scope: a GPU follows the replicas on it, which need not have touched the GPU.
+            keys |= scoped ^ answers.scoped
+        judge = keys if scoped is None else keys & scoped
         # Most of the fleet to look at again (nearly every node reported since): walking it in order and starting
         # the answers afresh costs less than picking the keys out one by one (0.25 s of a round at 1,000 nodes).
-        walk_changed = walk_changed and len(keys) <= len(versions.order) * self._whole_walk_share
+        walk_changed = walk_changed and len(judge) <= len(
+            versions.order if scoped is None else scoped) * self._whole_walk_share
+        answers.scoped = scoped
         subjects: Sequence[Replica | Gpu]
         if walk_changed:
             order = versions.order
-            subjects = [versions.subjects[k] for k in sorted((k for k in keys if k in order), key=order.__getitem__)]
+            subjects = [versions.subjects[k] for k in sorted((k for k in judge if k in order), key=order.__getitem__)]
             old_quiet = {key: answers.quiet.pop(key) for key in keys if key in answers.quiet}
             for key in keys:
                 answers.calm.discard(key)

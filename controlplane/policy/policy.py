@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
+from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -39,6 +40,11 @@ class Scope(_Spec):
     def by_replica(self) -> bool:
         """A model or label selector: a node or GPU is in scope only where a selected replica runs on it."""
         return bool(self.models or self.labels)
+
+    @cached_property
+    def key(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]]:
+        """The selectors as one hashable value: scopes that select alike have equal keys."""
+        return tuple(self.models), tuple(self.nodes), tuple(sorted(self.labels.items()))
 
     def matches_node(self, node: str) -> bool:
         return not self.nodes or any(fnmatchcase(node, p) for p in self.nodes)

@@ -9,9 +9,11 @@ the engine never reads a clock, it is handed ``now``.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
+from typing import Any, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -20,6 +22,8 @@ from controlplane.policy.engine_args import flags_key, governed_limit
 from controlplane.policy.live_cap import asked_limit, takes
 from controlplane.policy.signals import ReplicaSample, aware
 from engines import DEFAULT_ENGINE, EngineAdapter, EngineName, adapter
+
+_T = TypeVar("_T")
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -224,6 +228,16 @@ class FleetSnapshot(_Frozen):
     def replicas_of_model(self, model: str) -> list[Replica]:
         return list(self._lookups().replicas_by_model.get(model, ()))
 
+    def memo(self, key: Hashable, build: Callable[[], _T]) -> _T:
+        """``build()``, worked out once per snapshot and ``key``: what several policies of a round ask alike (the
+        subjects of one scope: a dozen policies scoped to the same models, each matching 8,000 replicas by glob,
+        were a third of a round at 1,000 nodes). Forgotten with the lookups, when a copy's lists differ."""
+        memo = self._lookups().memo
+        if key not in memo:
+            memo[key] = build()
+        found: _T = memo[key]
+        return found
+
 
 class _Lookups:
     """A snapshot's members by name, node and model, in the snapshot's order."""
@@ -241,6 +255,7 @@ class _Lookups:
         for r in snapshot.replicas:
             self.replicas_by_node[r.node].append(r)
             self.replicas_by_model[r.model].append(r)
+        self.memo: dict[Hashable, Any] = {}  # ``FleetSnapshot.memo``
 
     def built_from(self, snapshot: FleetSnapshot) -> bool:
         # Asked on every lookup (tens of thousands a round): three identity checks, no generator.

@@ -41,7 +41,23 @@ EXTRA = """
 - name: ttft-share
   condition: {signal: ttft_p99_seconds, op: ">", threshold: 1.0, for: 40s, min_share: 0.5}
   action: {kind: restart}
+- name: queue-one-model
+  scope: {models: ["model-r1"]}
+  condition: {signal: requests_waiting, op: ">", threshold: 20, for: 30s}
+  action: {kind: alert, severity: warning}
+- name: heat-one-model
+  scope: {models: ["model-r1"], nodes: ["n0", "n1", "n2"]}
+  condition: {detector: thermal, margin_celsius: 5, for: 1m}
+  action: {kind: alert, severity: warning}
+- name: ttft-gold
+  scope: {labels: {tier: gold}}
+  condition: {signal: ttft_p99_seconds, op: ">", threshold: 1.0, for: 20s}
+  action: {kind: alert, severity: page}
 """
+# n0's replica r1 serves another model for a while: it leaves the model-scoped policies, its GPU with it, then
+# comes back.
+MOVED = ("n0", "r1")
+MOVED_DURING = (400.0, 802.0)
 
 
 @dataclass
@@ -134,8 +150,10 @@ def _snapshot(replicas: list[Subject], gpus: list[Subject], now_s: float) -> Fle
         for t, st, since_t in s.states:
             if t <= now_s:
                 state, state_since = st, since_t
+        moved = (s.node, s.name) == MOVED and MOVED_DURING[0] <= now_s < MOVED_DURING[1]
         out_replicas.append(Replica.model_construct(
-            node=s.node, name=s.name, model=f"model-{s.name}", labels={}, gpus=[int(s.name[1]) % 2], state=state,
+            node=s.node, name=s.name, model="model-x" if moved else f"model-{s.name}",
+            labels={"tier": "gold"} if s.node == "n1" else {}, gpus=[int(s.name[1]) % 2], state=state,
             ready=state == ReplicaState.READY, managed=True,
             state_since=None if state_since is None else at(state_since), engine_args=["--max-num-seqs", "256"],
             generation=1, desired_generation=1, restarts_total=0,
@@ -229,7 +247,8 @@ def test_every_round_proposes_what_a_full_evaluation_proposes(tmp_path: Path, se
     # The history made every kind of detector speak at least once, or the comparison proved little.
     policies_seen = {p for p, _ in kinds}
     assert {"ttft-slo", "stall", "crash-loop", "thermal", "rss-leak-fast", "queue-slo", "ttft-share",
-            "node-unreachable", "itl-slo"} <= policies_seen, policies_seen  # itl-slo: the governor
+            "node-unreachable", "itl-slo", "queue-one-model", "heat-one-model", "ttft-gold"} <= policies_seen, \
+        policies_seen  # itl-slo: the governor
     assert rounds > 100
     # Answers carried over from earlier rounds, and answers told by a field or the newest reading: together over a
     # third of every answer (as the carried-over ones alone were before screens), and each kind saves work, or the
@@ -243,6 +262,51 @@ def test_every_round_proposes_what_a_full_evaluation_proposes(tmp_path: Path, se
         assert walked < pairs * 2 / 3, (walked, pairs)
     else:
         assert walked >= pairs, (walked, pairs)
+
+
+class _KeptEach:
+    """Snapshots that keep each node, replica and GPU from the round before while its own fields are unchanged:
+    a GPU can then stay the very object it was while the replica on it changes model."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], Any] = {}
+
+    def __call__(self, snapshot: FleetSnapshot) -> FleetSnapshot:
+        def swap(kind: str, o: Any) -> Any:
+            last = self._last.get((kind, o.key if kind != "node" else o.name))
+            if last is not None and all(getattr(last, f) == getattr(o, f) for f in type(o).model_fields):
+                return last
+            self._last[(kind, o.key if kind != "node" else o.name)] = o
+            return o
+
+        return snapshot.model_copy(update={"nodes": [swap("node", n) for n in snapshot.nodes],
+                                           "replicas": [swap("replica", r) for r in snapshot.replicas],
+                                           "gpus": [swap("gpu", g) for g in snapshot.gpus]})
+
+
+def test_a_gpu_follows_the_replica_on_it_out_of_a_scope_and_back(tmp_path: Path) -> None:
+    """n0's GPU 1 is in ``heat-one-model``'s scope while model-r1 runs on it: when its replica moves to another
+    model and back, the GPU leaves and re-enters the scope though its own readings did not change."""
+    policies = _policies(tmp_path)
+    replicas, gpus, _ = _record(1, duration=1200.0)
+    evaluator = Evaluator(whole_walk_share=1.0)
+    kept = _KeptEach()
+    # Rounds every half second around the two moves (the rounds in between would add time, not cases).
+    start, end = MOVED_DURING
+    times = [t / 2 for t in range(int(start - 30) * 2, int(start + 30) * 2)]
+    times += [t / 2 for t in range(int(end - 30) * 2, int(end + 30) * 2)]
+    heat, gpu = {}, {}
+    for now_s in times:
+        snapshot = kept(_snapshot(replicas, gpus, now_s))
+        full = [a.model_dump() for a in evaluate(policies, snapshot, snapshot.now)]
+        incremental = [a.model_dump() for a in evaluator.evaluate(policies, snapshot, snapshot.now)]
+        assert incremental == full, f"round at {now_s:.2f} s differs"
+        heat[now_s] = any(a["policy"] == "heat-one-model" and a["target"]["node"] == "n0" for a in full)
+        gpu[now_s] = next(g for g in snapshot.gpus if g.key == "n0/1")
+    # Hot and in scope before the move, out of scope while moved, in again on its return (the heat has lasted).
+    assert heat[start - 0.5] and not heat[start] and not heat[end - 0.5] and heat[end], heat
+    # It came back as the very object it was: nothing of its own told the evaluator to look at it again.
+    assert gpu[end] is gpu[end - 0.5]
 
 
 def test_a_changed_policy_is_judged_afresh(tmp_path: Path) -> None:
