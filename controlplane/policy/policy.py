@@ -49,12 +49,15 @@ class Scope(_Spec):
     def matches_node(self, node: str) -> bool:
         return not self.nodes or any(fnmatchcase(node, p) for p in self.nodes)
 
+    def matches_model(self, model: str) -> bool:
+        return not self.models or any(fnmatchcase(model, p) for p in self.models)
+
+    def matches_labels(self, labels: dict[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.labels.items())
+
     def matches(self, replica: Replica) -> bool:
-        return (
-            self.matches_node(replica.node)
-            and (not self.models or any(fnmatchcase(replica.model, p) for p in self.models))
-            and all(replica.labels.get(k) == v for k, v in self.labels.items())
-        )
+        return (self.matches_node(replica.node) and self.matches_model(replica.model)
+                and self.matches_labels(replica.labels))
 
 
 class Guardrails(_Spec):

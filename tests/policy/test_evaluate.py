@@ -80,6 +80,27 @@ def test_scope_selects_by_model_glob_node_and_label():
     assert [a.target.key for a in actions] == ["replica:gpu-1/in"]
 
 
+def test_a_model_scope_holds_only_the_gpus_and_nodes_its_replicas_run_on():
+    [hot] = parse_policies("name: hot-llama\nscope: {models: ['llama-*'], labels: {tier: prod}}\n"
+                           "condition: {detector: thermal, margin_celsius: 5, for: 60s}\n"
+                           "action: {kind: alert, severity: warning}\n", "hot.yaml")
+    [dark] = parse_policies("name: dark-llama\nscope: {models: ['llama-*'], labels: {tier: prod}}\n"
+                            "condition: {detector: node_unreachable, for: 60s}\n"
+                            "action: {kind: alert, severity: page}\n", "dark.yaml")
+    replicas = [replica("a", node="n1", model="llama-70b", labels={"tier": "prod"}, gpus=[0, 1]),
+                replica("b", node="n1", model="qwen-7b", labels={"tier": "prod"}, gpus=[2]),
+                replica("c", node="n2", model="qwen-7b", labels={"tier": "prod"}, gpus=[0]),
+                replica("d", node="n3", model="llama-70b", labels={"tier": "dev"}, gpus=[0])]
+    hot_history = gpu_readings(300, temperature_celsius=88.0)
+    gpus = [gpu(i, node=n, slowdown_temperature_celsius=89.0, history=hot_history)
+            for n, i in [("n1", 0), ("n1", 1), ("n1", 2), ("n2", 0), ("n2", 1), ("n3", 0)]]
+    # Every node silent for four minutes: only n1 runs a selected replica.
+    nodes = [Node(name=n, memory_total_bytes=512 * GiB, last_report_at=at(60)) for n in ("n1", "n2", "n3")]
+    snap = fleet(300, replicas, gpus, nodes).model_copy(update={"reports_since": at(0)})
+    assert sorted(a.target.key for a in evaluate([hot], snap, at(300))) == ["gpu:n1/0", "gpu:n1/1"]
+    assert [a.target.key for a in evaluate([dark], snap, at(300))] == ["node:n1"]
+
+
 def test_application_xid_restarts_the_replicas_on_that_gpu_only():
     replicas = [replica("on-gpu0", gpus=[0], history=healthy(600)),
                 replica("on-gpu1", gpus=[1], history=healthy(600))]
