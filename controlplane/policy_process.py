@@ -128,7 +128,7 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
         os.nice(config.policy_process_nice)
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s policy: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    from controlplane.heap import HeapFreezer
+    from controlplane.heap import ROUNDS_ONLY_COLLECT_SECONDS, HeapFreezer
     from controlplane.remediation.finished import watch
     from controlplane.rounds import PolicyRounds
     from controlplane.store.db import make_engine, make_sessionmaker
@@ -136,7 +136,9 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
     engine = make_engine(config.database_url)
     sessions = make_sessionmaker(engine)
     watch(sessions, lambda kind, state: finished.put((kind, state.value)))
-    runner = PolicyRounds(sessions=sessions, config=config, clock=lambda: datetime.now(UTC), heap=HeapFreezer())
+    # This process does nothing but rounds: its collector stays off, and collects on its own schedule (``heap``).
+    runner = PolicyRounds(sessions=sessions, config=config, clock=lambda: datetime.now(UTC),
+                          heap=HeapFreezer(collect_seconds=ROUNDS_ONLY_COLLECT_SECONDS))
     due: datetime | None = None  # when a condition under way completes its for: (the last round's next_due)
     debounce = config.policy_debounce_seconds  # before the next round, after a poke (``debounce_after``)
     try:

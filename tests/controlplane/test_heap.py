@@ -97,6 +97,43 @@ def test_a_collector_turned_off_before_the_round_stays_off() -> None:
         gc.enable()
 
 
+def test_a_process_of_rounds_only_collects_on_its_schedule_and_keeps_the_collector_off() -> None:
+    """The policy process's freezer: the first round's end collects and freezes (a whole window was read), a
+    round within ``collect_seconds`` of the last collection leaves its cycles for the next one, and no automatic
+    pass runs between rounds."""
+    now = [0.0]
+    freezer = HeapFreezer(monotonic=lambda: now[0], collect_seconds=30.0)
+    passes: list[int] = []
+    me = threading.get_ident()
+
+    def seen(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start" and threading.get_ident() == me:
+            passes.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        with freezer.during_round():
+            history = [[i] for i in range(20_000)]  # the whole window read by the first round
+        assert passes == [2] and gc.get_freeze_count() >= len(history)
+        assert not gc.isenabled()
+        now[0] = 10.0
+        with freezer.during_round():
+            garbage = _Node()
+            dead = weakref.ref(garbage)
+            del garbage
+        built = [[i] for i in range(20_000)]  # allocations between rounds: no young pass, the collector is off
+        assert passes == [2] and dead() is not None and not gc.isenabled()
+        now[0] = 30.0
+        with freezer.during_round():
+            pass
+        assert passes == [2, 2] and dead() is None  # its time came: the cycle left ten seconds ago is freed
+        assert len(built) == 20_000
+    finally:
+        gc.callbacks.remove(seen)
+        gc.unfreeze()
+        gc.enable()
+
+
 def test_the_server_rounds_and_follows_run_with_the_collector_off(tmp_path: Path) -> None:
     """``PolicyRounds`` with the server's freezer: the round (its policy hook sees it) and a standby's follow
     run without automatic passes, and the collector is back on between them."""
