@@ -215,7 +215,7 @@ def _subject_replicas(policy: Policy, finding: Finding, snapshot: FleetSnapshot)
     node, rest = split_key(finding.subject)
     if isinstance(policy.condition, GPU_CONDITIONS):
         return [r for r in snapshot.replicas_on(node, int(rest)) if policy.scope.matches(r)]
-    return [r for r in snapshot.replicas if r.key == finding.subject]
+    return [r for r in snapshot.replicas_on(node) if r.key == finding.subject]  # by its node: not a fleet scan
 
 
 def _subject_target(policy: Policy, finding: Finding) -> Target:
