@@ -15,11 +15,17 @@ machine), that collection alone, and how many subjects the evaluator judged, reu
 screened, and how many subject-policy pairs it looked at (``walked``; the rest kept their answers unlooked).
 
 ``--baseline REV`` measures that revision of the repository too, side by side: the runs alternate between the
-two trees, each on a fresh copy of the same seeded store.
+two trees, each on a fresh copy of the same seeded store. ``--scope GLOB`` judges with the default policies each
+scoped to the models GLOB matches, as an operator scopes policies to theirs (``"*"``: every model, through the
+scope's matching); without it, the default policies as shipped (scope everything).
+
+The freezer is the policy process's own where the tree has one (a collection every 30 s, so the rounds measured
+seldom hold one; ``gc_s`` is then 0), else a collection after every round.
 
     python bench/policy_round.py --baseline HEAD~3 --runs 3                 # 1,000 nodes, 15 minutes
     python bench/policy_round.py --changed 0.2 --runs 3
     python bench/policy_round.py --quick                                     # 50 nodes, 2 minutes, one run
+    python bench/policy_round.py --scope '*' --changed 0.5 --baseline HEAD~3 --runs 3
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ INTERVAL = 5.0
 def worker(args: argparse.Namespace) -> int:
     """One run, in the tree ``args.tree``: the rounds over a copy of the seeded store; prints one JSON line."""
     sys.path.insert(0, str(args.tree))
+    import controlplane.heap
     from bench.cp_reports import node_report
     from controlplane.config import ServerConfig
     from controlplane.fleet.ingest import apply_reports
@@ -75,13 +82,30 @@ def worker(args: argparse.Namespace) -> int:
 
         collect_s = 0.0
 
+        def during_round(self) -> Any:
+            self.collect_s = 0.0  # a round whose end does not collect
+            return super().during_round()
+
         def after_round(self) -> None:
             started = time.perf_counter()
             super().after_round()
             self.collect_s = time.perf_counter() - started
 
-    config = ServerConfig(database_url=url, policy_history_seconds=args.history_minutes * 60 + 60)
-    heap = TimedFreezer()
+    scoped: dict[str, Any] = {}
+    if args.scope is not None:
+        from controlplane.policy_files import DEFAULTS_DIR
+
+        # The default policies, each given the scope: a file of a default's name replaces it.
+        policies = Path(args.db).with_name(Path(args.db).stem + "-policies")
+        policies.mkdir()
+        for default in sorted(Path(DEFAULTS_DIR).glob("*.yaml")):
+            scope = f"\nscope: {{models: [{json.dumps(args.scope)}]}}\n"
+            (policies / default.name).write_text(default.read_text() + scope)
+        scoped = {"policy_dir": str(policies)}
+    config = ServerConfig(database_url=url, policy_history_seconds=args.history_minutes * 60 + 60, **scoped)
+    # The policy process's freezer (a tree from before it collected on a schedule: after every round).
+    collect = getattr(controlplane.heap, "ROUNDS_ONLY_COLLECT_SECONDS", None)
+    heap = TimedFreezer() if collect is None else TimedFreezer(collect_seconds=collect)
     rounds = PolicyRounds(sessions=sessions, config=config, clock=lambda: clock[0], monotonic=lambda: 1e12,
                           heap=heap)
     report(0)
@@ -124,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changed", type=float, default=1.0, help="share of the nodes that report between rounds")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--baseline", help="a revision measured side by side (git archive of it)")
+    parser.add_argument("--scope", help="the default policies scoped to the models this glob matches")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "policy_round.json")
     parser.add_argument("--quick", action="store_true", help="50 nodes, 2 minutes of history, 3 rounds, one run")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -158,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                 proc = subprocess.run(
                     [sys.executable, str(Path(__file__).resolve()), "--worker", "--tree", str(tree), "--db", str(db),
                      "--agents", str(args.agents), "--history-minutes", str(args.history_minutes),
-                     "--rounds", str(args.rounds), "--changed", str(args.changed)],
+                     "--rounds", str(args.rounds), "--changed", str(args.changed),
+                     *(["--scope", args.scope] if args.scope is not None else [])],
                     cwd=tree, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tree)})
                 for leftover in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
                     leftover.unlink(missing_ok=True)
@@ -182,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
               f"against {medians['baseline']['round_cpu_s']:.3f} s ({ratio['round_cpu_s']:.2f}x)")
     write_json(args.out, "policy_round", {
         "settings": {"agents": args.agents, "history_minutes": args.history_minutes, "rounds": args.rounds,
-                     "changed": args.changed, "runs": args.runs, "baseline": args.baseline, "quick": args.quick},
+                     "changed": args.changed, "runs": args.runs, "baseline": args.baseline, "quick": args.quick,
+                     "scope": args.scope},
         "runs": runs, "medians": medians, "ratio_current_to_baseline": ratio})
     print(f"wrote {shown_path(args.out)}")
     return 0
