@@ -26,7 +26,7 @@ from multiprocessing.synchronize import Event
 from typing import Any
 
 from controlplane.config import ServerConfig
-from controlplane.policy.due import wait_seconds
+from controlplane.policy.due import hold_seconds, wait_seconds
 from controlplane.policy.lifecycle import ActionState
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,10 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
     debounce = config.policy_debounce_seconds  # before the next round, after a poke (``debounce_after``)
     try:
         while not stop.is_set() and os.getppid() == parent:
+            # A condition falling due within the next round's span: that round starts at its moment (``due``).
+            hold = hold_seconds(due, datetime.now(UTC), runner.warm_seconds)
+            if hold > 0.0:
+                stop.wait(hold)
             next_round(poke, stop, wait_seconds(due, datetime.now(UTC), config.policy_interval_seconds),
                        debounce)
             debounce = config.policy_debounce_seconds

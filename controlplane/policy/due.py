@@ -3,7 +3,9 @@
 ``for:`` counts from the first sample that crossed (its report's time), so a breach that goes on is met at an
 exact moment known in advance: the first crossing plus ``for:``. The rounds wake then (``wait_seconds``) instead
 of acting at whichever report or interval comes next, which cost up to a report interval, the debounce and
-the policy process's wake-up past the ``for:``. Only conditions whose moment can be told are counted:
+the policy process's wake-up past the ``for:``; where rounds run back to back, the next one is held to that
+moment when it falls inside the round's expected span (``hold_seconds``). Only conditions whose moment can be
+told are counted:
 thresholds in every sample, heat, a WEDGED replica's stall, a silent node; the others keep the rounds' usual
 pace.
 """
@@ -67,3 +69,18 @@ def wait_seconds(due: datetime | None, now: datetime, interval: float) -> float:
     if due is None:
         return interval
     return min(interval, max(0.0, (due - now).total_seconds() + DUE_SLACK_SECONDS))
+
+
+def hold_seconds(due: datetime | None, now: datetime, round_seconds: float) -> float:
+    """How long to hold the next round back, so that it reads the fleet just after a condition under way completes
+    its ``for:`` rather than just before (0: start now). ``round_seconds``: how long the next round is expected to
+    take (the last one's length, its one-off whole-window read left out).
+
+    Where rounds run back to back (a large fleet under load), a round started now, short of the moment, would not
+    see the condition met, and the one after it would act: up to two rounds past the moment. Held to the moment,
+    the round acts one round past it. So a round is held only when the moment falls inside its expected span, and
+    never for longer than that span: what else came in waits at most one round more, and only then."""
+    if due is None:
+        return 0.0
+    ahead = (due - now).total_seconds() + DUE_SLACK_SECONDS
+    return ahead if 0.0 < ahead < round_seconds else 0.0
