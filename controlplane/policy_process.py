@@ -141,11 +141,13 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
                           heap=HeapFreezer(collect_seconds=ROUNDS_ONLY_COLLECT_SECONDS))
     due: datetime | None = None  # when a condition under way completes its for: (the last round's next_due)
     debounce = config.policy_debounce_seconds  # before the next round, after a poke (``debounce_after``)
+    was_held = False  # the last round was held to a moment (``hold_seconds``)
     try:
         while not stop.is_set() and os.getppid() == parent:
-            # A condition falling due within the next round's span: that round starts at its moment (``due``).
-            hold = hold_seconds(due, datetime.now(UTC), runner.warm_seconds)
-            if hold > 0.0:
+            # A condition falling due early in the next round's span: that round starts at its moment (``due``).
+            hold = hold_seconds(due, datetime.now(UTC), runner.warm_seconds, was_held)
+            was_held = hold > 0.0
+            if was_held:
                 stop.wait(hold)
             next_round(poke, stop, wait_seconds(due, datetime.now(UTC), config.policy_interval_seconds),
                        debounce)

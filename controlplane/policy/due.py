@@ -71,16 +71,19 @@ def wait_seconds(due: datetime | None, now: datetime, interval: float) -> float:
     return min(interval, max(0.0, (due - now).total_seconds() + DUE_SLACK_SECONDS))
 
 
-def hold_seconds(due: datetime | None, now: datetime, round_seconds: float) -> float:
+def hold_seconds(due: datetime | None, now: datetime, round_seconds: float, held_last: bool = False) -> float:
     """How long to hold the next round back, so that it reads the fleet just after a condition under way completes
     its ``for:`` rather than just before (0: start now). ``round_seconds``: how long the next round is expected to
-    take (the last one's length, its one-off whole-window read left out).
+    take (the last one's length, its one-off whole-window read left out); ``held_last``: the round before it was
+    held.
 
     Where rounds run back to back (a large fleet under load), a round started now, short of the moment, would not
     see the condition met, and the one after it would act: up to two rounds past the moment. Held to the moment,
-    the round acts one round past it. So a round is held only when the moment falls inside its expected span, and
-    never for longer than that span: what else came in waits at most one round more, and only then."""
-    if due is None:
+    the round acts one round past it. The hold is bounded, as a large fleet nearly always has some condition under
+    way somewhere: only for a moment within the first half of the round's span (the hold then saves more than it
+    costs everything else), and never for two rounds running, so that rounds held at every chance come at worst a
+    quarter of a round later on average."""
+    if due is None or held_last:
         return 0.0
     ahead = (due - now).total_seconds() + DUE_SLACK_SECONDS
-    return ahead if 0.0 < ahead < round_seconds else 0.0
+    return ahead if 0.0 < ahead <= round_seconds / 2 else 0.0
