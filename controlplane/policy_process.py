@@ -26,7 +26,7 @@ from multiprocessing.synchronize import Event
 from typing import Any
 
 from controlplane.config import ServerConfig
-from controlplane.policy.due import hold_seconds, wait_seconds
+from controlplane.policy.due import wait_seconds
 from controlplane.policy.lifecycle import ActionState
 
 log = logging.getLogger(__name__)
@@ -141,14 +141,8 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
                           heap=HeapFreezer(collect_seconds=ROUNDS_ONLY_COLLECT_SECONDS))
     due: datetime | None = None  # when a condition under way completes its for: (the last round's next_due)
     debounce = config.policy_debounce_seconds  # before the next round, after a poke (``debounce_after``)
-    was_held = False  # the last round was held to a moment (``hold_seconds``)
     try:
         while not stop.is_set() and os.getppid() == parent:
-            # A condition falling due early in the next round's span: that round starts at its moment (``due``).
-            hold = hold_seconds(due, datetime.now(UTC), runner.warm_seconds, was_held)
-            was_held = hold > 0.0
-            if was_held:
-                stop.wait(hold)
             next_round(poke, stop, wait_seconds(due, datetime.now(UTC), config.policy_interval_seconds),
                        debounce)
             debounce = config.policy_debounce_seconds

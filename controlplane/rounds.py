@@ -74,8 +74,6 @@ class PolicyRounds:
         self._next_follow_at = 0.0
         self._forget = False
         self.last_round: RoundResult | None = None
-        # The last round's seconds less a one-off whole-window read: what the next round is expected to take.
-        self.warm_seconds = 0.0
 
     def holds(self, leader: bool) -> bool:
         """Whether this control plane's rounds judge anything now: take or hand back shards between rounds
@@ -149,7 +147,6 @@ class PolicyRounds:
             cold, self.samples.cold_seconds = self.samples.cold_seconds, 0.0
             if not primed:
                 cold = ended - started
-            self.warm_seconds = ended - started - min(cold, ended - started)
             self._next_round_at = round_pause(started + min(cold, ended - started), ended,
                                               self._config.policy_max_duty)
             self._running.release()

@@ -3,9 +3,7 @@
 ``for:`` counts from the first sample that crossed (its report's time), so a breach that goes on is met at an
 exact moment known in advance: the first crossing plus ``for:``. The rounds wake then (``wait_seconds``) instead
 of acting at whichever report or interval comes next, which cost up to a report interval, the debounce and
-the policy process's wake-up past the ``for:``; where rounds run back to back, the next one is held to that
-moment when it falls inside the round's expected span (``hold_seconds``). Only conditions whose moment can be
-told are counted:
+the policy process's wake-up past the ``for:``. Only conditions whose moment can be told are counted:
 thresholds in every sample, heat, a WEDGED replica's stall, a silent node; the others keep the rounds' usual
 pace.
 """
@@ -69,21 +67,3 @@ def wait_seconds(due: datetime | None, now: datetime, interval: float) -> float:
     if due is None:
         return interval
     return min(interval, max(0.0, (due - now).total_seconds() + DUE_SLACK_SECONDS))
-
-
-def hold_seconds(due: datetime | None, now: datetime, round_seconds: float, held_last: bool = False) -> float:
-    """How long to hold the next round back, so that it reads the fleet just after a condition under way completes
-    its ``for:`` rather than just before (0: start now). ``round_seconds``: how long the next round is expected to
-    take (the last one's length, its one-off whole-window read left out); ``held_last``: the round before it was
-    held.
-
-    Where rounds run back to back (a large fleet under load), a round started now, short of the moment, would not
-    see the condition met, and the one after it would act: up to two rounds past the moment. Held to the moment,
-    the round acts one round past it. The hold is bounded, as a large fleet nearly always has some condition under
-    way somewhere: only for a moment within the first half of the round's span (the hold then saves more than it
-    costs everything else), and never for two rounds running, so that rounds held at every chance come at worst a
-    quarter of a round later on average."""
-    if due is None or held_last:
-        return 0.0
-    ahead = (due - now).total_seconds() + DUE_SLACK_SECONDS
-    return ahead if 0.0 < ahead <= round_seconds / 2 else 0.0

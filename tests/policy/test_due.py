@@ -7,7 +7,7 @@ from controlplane.policy.conditions import StallCondition, ThermalCondition, Thr
 from controlplane.policy.detectors.slo import detect_threshold
 from controlplane.policy.detectors.stall import detect_stall
 from controlplane.policy.detectors.thermal import detect_thermal
-from controlplane.policy.due import DUE_SLACK_SECONDS, hold_seconds, next_due, wait_seconds
+from controlplane.policy.due import DUE_SLACK_SECONDS, next_due, wait_seconds
 from controlplane.policy.evaluate import evaluate
 from controlplane.policy.policy import Policy
 from controlplane.policy.snapshot import ReplicaSample
@@ -93,18 +93,3 @@ def test_the_rounds_wait_for_the_interval_or_the_due_moment_whichever_is_first()
     assert wait_seconds(at(102), at(100), 5.0) == 2.0 + DUE_SLACK_SECONDS
     assert wait_seconds(at(200), at(100), 5.0) == 5.0
     assert wait_seconds(at(99), at(100), 5.0) == 0.0  # the round that saw it ran past it: at once
-
-
-def test_a_round_is_held_to_a_moment_early_in_its_expected_span_and_never_twice_running() -> None:
-    # Rounds of 2 s back to back: one started now would end past the moment without having seen it met.
-    assert hold_seconds(at(100.9), at(100), 2.0) == 0.9 + DUE_SLACK_SECONDS
-    # Later in the span the hold would cost everything else more than it saves this one: start now.
-    assert hold_seconds(at(101.5), at(100), 2.0) == 0.0
-    # Beyond the span, none due, already past: start now.
-    assert hold_seconds(at(103), at(100), 2.0) == 0.0
-    assert hold_seconds(None, at(100), 2.0) == 0.0
-    assert hold_seconds(at(99), at(100), 2.0) == 0.0
-    # The round before was held: this one is not, however near the moment (a fleet with something always due).
-    assert hold_seconds(at(100.5), at(100), 2.0, held_last=True) == 0.0
-    # A quick round (a small fleet, or the first round, whose whole-window read is left out): nothing to hold for.
-    assert hold_seconds(at(100.001), at(100), 0.0) == 0.0
