@@ -58,11 +58,15 @@ def engine_pid(agent: AgentProcess, name: str = "r1", other_than: int | None = N
     return read()
 
 
-def events(tmp_path: Path, name: str = "r1") -> list[str]:
+def records(tmp_path: Path, name: str = "r1") -> list[dict[str, Any]]:
     """The replica's events, from the journal that keeps them while no control plane takes them."""
     journal = tmp_path / "state" / "run" / f"{name}.events"
     lines = journal.read_text().splitlines() if journal.exists() else []
-    return [json.loads(line)["message"] for line in lines if line.strip()]
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def events(tmp_path: Path, name: str = "r1") -> list[str]:
+    return [event["message"] for event in records(tmp_path, name)]
 
 
 def said(tmp_path: Path, words: str, name: str = "r1") -> bool:
@@ -181,8 +185,15 @@ def test_an_unreachable_daemon_is_a_clear_failure_and_the_agent_stays_up(
         start_agent: Callable[..., AgentProcess], tmp_path: Path) -> None:
     nowhere = f"unix://{tmp_path}/no-daemon.sock"
     agent = start_agent([container_replica(tmp_path)], docker_host=nowhere, container_gpus="none")
-    wait_until(lambda: said(tmp_path, f"no container daemon answers on {nowhere}"), 20,
-               what=f"the reason in the events: {events(tmp_path)}")
+
+    def start_failed() -> bool:
+        # The start's failure, with its reason: not the note, from before the first start, that no engine left by
+        # a previous agent could be looked for (the same words, while the replica is still STOPPED).
+        return any(e["kind"] == "transition" and str(e.get("to_state")).upper() == "BACKOFF"
+                   and f"no container daemon answers on {nowhere}" in e["message"] for e in records(tmp_path))
+
+    wait_until(start_failed, 20, what=f"the start's failure and its reason in the events: {events(tmp_path)}")
+    assert said(tmp_path, "cannot look for an engine left by a previous agent: no container daemon answers")
     assert agent.replica("r1")["state"] in ("BACKOFF", "STARTING", "FATAL")
     assert probe.get(f"{agent.url}/healthz").status_code == 200
 
