@@ -105,6 +105,17 @@ def in_scope_gpus(policy: Policy, snapshot: FleetSnapshot) -> list[Gpu]:
     return list(snapshot.memo(("gpus", scope.key), build))
 
 
+def in_scope_keys(policy: Policy, snapshot: FleetSnapshot, gpus: bool) -> frozenset[str] | None:
+    """The keys of the GPUs (``gpus``) or replicas a selecting scope holds (None: the scope is everything), worked
+    out once per snapshot for all the policies with that scope."""
+    scope = policy.scope
+    if scope.everything:
+        return None
+    if gpus:
+        return snapshot.memo(("gpu keys", scope.key), lambda: frozenset(g.key for g in in_scope_gpus(policy, snapshot)))
+    return snapshot.memo(("replica keys", scope.key), lambda: frozenset(r.key for r in _selected(scope, snapshot)))
+
+
 def in_scope_nodes(policy: Policy, snapshot: FleetSnapshot) -> list[Node]:
     """Nodes the scope names; with model or label selectors, only nodes running a selected replica."""
     scope = policy.scope

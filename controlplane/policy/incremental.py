@@ -47,6 +47,7 @@ from controlplane.policy.evaluate import (
     detect_replica,
     evaluate_policy,
     in_scope_gpus,
+    in_scope_keys,
     in_scope_replicas,
 )
 from controlplane.policy.memory import KeptReadings
@@ -90,19 +91,6 @@ class _Quiet:
         self.at = at
         self.until = until
         self.pending = pending
-
-
-def _scoped(policy: Policy, snapshot: FleetSnapshot, gpus: bool) -> frozenset[str] | None:
-    """The keys of the subjects a selecting scope holds this round (None: the scope is everything), worked out
-    once per snapshot for all the policies with that scope."""
-    scope = policy.scope
-    if scope.everything:
-        return None
-    if gpus:
-        return snapshot.memo(("gpu keys", scope.key),
-                             lambda: frozenset(g.key for g in in_scope_gpus(policy, snapshot)))
-    return snapshot.memo(("replica keys", scope.key),
-                         lambda: frozenset(r.key for r in in_scope_replicas(policy, snapshot)))
 
 
 def _history_span(history: Sequence[Any]) -> tuple[Any, ...]:
@@ -319,7 +307,7 @@ class Evaluator:
         cond = policy.condition
         gpus = isinstance(cond, GPU_CONDITIONS)
         versions = self._gpus if gpus else self._replicas
-        scoped = _scoped(policy, snapshot, gpus)
+        scoped = in_scope_keys(policy, snapshot, gpus)
         walk_changed = answers.round == self._round - 1 and answers.at is not None and answers.at <= now
         keys = self._candidates(answers, versions, now) if walk_changed else set()
         if walk_changed and scoped is not None and answers.scoped is not None:
