@@ -24,6 +24,7 @@ from controlplane.policy.signals import ReplicaSample, aware
 from engines import DEFAULT_ENGINE, EngineAdapter, EngineName, adapter
 
 _T = TypeVar("_T")
+_M = TypeVar("_M", bound=BaseModel)
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -38,6 +39,21 @@ SERVING_STATES = frozenset({ReplicaState.READY, ReplicaState.ATTACHED})
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def construct(cls: type[_M], **values: Any) -> _M:
+    """``cls.model_construct(**values)`` for trusted values that name every field, no more: the store's rows become
+    snapshot objects by the thousand each round, and ``model_construct``'s walk of each field for aliases and
+    defaults was most of that build. A field left out (or one too many) is a TypeError, not a default."""
+    fields = cls.model_fields
+    if len(values) != len(fields):
+        raise TypeError(f"{cls.__name__}: fields {sorted(set(fields) ^ set(values))} missing or unknown")
+    m = cls.__new__(cls)
+    object.__setattr__(m, "__dict__", {name: values[name] for name in fields})
+    object.__setattr__(m, "__pydantic_fields_set__", set(values))
+    object.__setattr__(m, "__pydantic_extra__", None)
+    object.__setattr__(m, "__pydantic_private__", None)
+    return m
 
 
 class Replica(_Frozen):

@@ -8,11 +8,12 @@ subject kind grouped in Python: per-replica queries would be 8,000 round trips. 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session
 
 from agent.wire import ReplicaState
@@ -32,6 +33,7 @@ from controlplane.policy.snapshot import (
     Node,
     Replica,
     ReplicaSample,
+    construct,
 )
 from controlplane.remediation.history import SampleHistory, gpu_reading
 from controlplane.store.models import ActionRow, AlertRow, DesiredReplica
@@ -54,9 +56,16 @@ def _histories(session: Session, kind: str, since: datetime,
 
 _R = ReplicaRow.__table__.c
 _G = GpuRow.__table__.c
-_REPLICA_COLUMNS = (_R.node, _R.name, _R.model, _R.gpus, _R.state, _R.ready, _R.managed, _R.state_since,
-                    _R.engine_args, _R.generation, _R.restarts_total, _R.last_exit_code, _R.log_tail, _R.live_limits,
-                    _R.engine_kind)
+
+# The replicas' JSON columns as their text, decoded here: the same few texts recur across a fleet (one model's
+# arguments on each of its replicas, its GPU lists, an inactive plug-in), and each is decoded once (``_Decoded``).
+def _text(column: Any) -> Any:
+    return cast(column, Text).label(column.name)
+
+
+_REPLICA_COLUMNS = (_R.node, _R.name, _R.model, _text(_R.gpus), _R.state, _R.ready, _R.managed, _R.state_since,
+                    _text(_R.engine_args), _R.generation, _R.restarts_total, _R.last_exit_code, _R.log_tail,
+                    _text(_R.live_limits), _R.engine_kind)
 # Unpacked, not read as attributes: a result row's ``index`` is tuple.index.
 _GPU_COLUMNS = (_G.node, _G.index, _G.uuid, _G.name, _G.readings)
 # Nodes per query when reading the rows of those that reported (bounded IN lists).
@@ -153,28 +162,52 @@ class FleetRows:
         return replicas, gpus
 
 
+class _Decoded:
+    """JSON texts decoded once each, for as long as this many distinct ones have not been asked for since: shared
+    values, so a caller copies what it keeps (lists) or keeps only what is immutable (a ``LiveLimits``)."""
+
+    def __init__(self, decode: Callable[[str], Any], size: int = 4_096) -> None:
+        self._decode, self._size = decode, size
+        self._known: dict[str, Any] = {}
+
+    def __call__(self, text: str | None) -> Any:
+        if text is None:
+            return None
+        try:
+            return self._known[text]
+        except KeyError:
+            if len(self._known) >= self._size:
+                self._known.clear()  # a fleet whose texts do not recur (it starts afresh, and stays correct)
+            value = self._known[text] = self._decode(text)
+            return value
+
+
+_json = _Decoded(json.loads)
+_live_limits = _Decoded(lambda text: reported(json.loads(text)))
+
+
 def _node(n: Any) -> Node:
-    return Node.model_construct(name=n.name, cordoned=n.cordoned, cordoned_gpus=list(n.cordoned_gpus or []),
-                                memory_total_bytes=n.memory_total_bytes, last_report_at=n.last_report_at)
+    return construct(Node, name=n.name, cordoned=n.cordoned, cordoned_gpus=list(n.cordoned_gpus or []),
+                     memory_total_bytes=n.memory_total_bytes, last_report_at=n.last_report_at)
 
 
 def _replica(r: Any, wanted: tuple[Any, Any], history: list[ReplicaSample]) -> Replica:
     wanted_generation, wanted_cap = wanted
-    return Replica.model_construct(
-        node=r.node, labels={}, name=r.name, model=r.model, gpus=list(r.gpus), state=ReplicaState(r.state),
-        ready=r.ready, managed=r.managed, state_since=r.state_since, engine_args=list(r.engine_args),
-        generation=r.generation, desired_generation=wanted_generation,
+    return construct(
+        Replica, node=r.node, labels={}, name=r.name, model=r.model, gpus=list(_json(r.gpus)),
+        state=ReplicaState(r.state), ready=r.ready, managed=r.managed, state_since=r.state_since,
+        engine_args=list(_json(r.engine_args)), generation=r.generation, desired_generation=wanted_generation,
         restarts_total=r.restarts_total, last_exit_code=r.last_exit_code,
         log_tail=list(r.log_tail), history=history,
-        live_limits=reported(r.live_limits), desired_live_cap=wanted_cap,
+        live_limits=_live_limits(r.live_limits), desired_live_cap=wanted_cap,
         engine_kind=r.engine_kind if r.engine_kind in ADAPTERS else DEFAULT_ENGINE,
     )
 
 
 def _gpu(row: Any, history: list[GpuReading]) -> Gpu:
     node, index, uuid, name, readings = row
-    return Gpu.model_construct(
-        node=node, index=index, uuid=uuid, name=name,
+    return construct(
+        Gpu, node=node, index=index, uuid=uuid, name=name,
         slowdown_temperature_celsius=readings.get("slowdown_temperature_celsius"),
         memory_used_bytes=readings.get("memory_used_bytes"),
         memory_total_bytes=readings.get("memory_total_bytes"),

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from fastapi.testclient import TestClient
 
-from agent.wire import ReplicaState
+from agent.wire import LiveLimits, ReplicaState
 from controlplane.api.app import create_app
 from controlplane.config import ServerConfig
 from controlplane.policy import evaluate
+from controlplane.policy.snapshot import Node, Replica, construct
 from controlplane.policy_files import DEFAULTS_DIR, load_directory
 from controlplane.remediation.snapshot import build_snapshot
 from controlplane.store.db import session_scope
@@ -78,3 +80,28 @@ def _gpu_history_keeps_every_xid(client: TestClient, clock: FakeClock) -> None:
         # XID 79 then 45 and 13: still a hardware XID, and no restart for the application codes after it.
         assert {("xid-hardware", "cordon"), ("ecc-uncorrected", "cordon")} <= kinds
         assert ("xid-application", "restart") not in kinds
+
+
+def test_replicas_built_from_the_store_are_whole_models_that_share_nothing_mutable(client: TestClient,
+                                                                                   clock: FakeClock) -> None:
+    # The rows' JSON texts are decoded once per distinct text, and the objects built without validation: what a
+    # policy reads must still be a complete, valid replica, and one replica's lists must not be another's.
+    limits = LiveLimits(active=True, cap=32, requested=32, asked=32, startup_limit=64)
+    twins = [replica(name).model_copy(update={"live_limits": limits}) for name in ("r0", "r1")]
+    client.post("/v1/agents/gpu-a/report", json=body(report(replicas=twins)))
+    ctx = client.app.state.pitstop  # type: ignore[attr-defined]
+    with session_scope(ctx.sessions) as session:
+        r0, r1 = build_snapshot(session=session, now=clock.now, history=timedelta(minutes=1)).replicas
+    assert r0.engine_args == r1.engine_args == ["--max-num-seqs", "64"]
+    assert r0.engine_args is not r1.engine_args and r0.gpus is not r1.gpus and r0.log_tail is not r1.log_tail
+    assert r0.live_limits == r1.live_limits == limits and r0.running_limit == 32
+    for built in (r0, r1):
+        assert Replica.model_validate(built.model_dump()) == built
+        assert list(built.__dict__)[:len(Replica.model_fields)] == list(Replica.model_fields)
+
+
+def test_an_object_built_without_validation_must_name_every_field() -> None:
+    with pytest.raises(TypeError, match="memory_total_bytes"):
+        construct(Node, name="n0", cordoned=False, cordoned_gpus=[], last_report_at=None)
+    node = construct(Node, name="n0", cordoned=False, cordoned_gpus=[], memory_total_bytes=None, last_report_at=None)
+    assert node == Node(name="n0") and node.model_fields_set == set(Node.model_fields)
