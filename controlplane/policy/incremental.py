@@ -3,8 +3,8 @@
 At 1,000 nodes a round that judges every replica and GPU under every policy costs seconds, while between two
 rounds only the subjects whose node reported have anything new (docs/design.md, "Rounds at fleet scale"). The
 evaluator remembers, per policy and subject, that the last look found nothing, with what it looked at (the
-subject's fields and the span of its history: ``_mark``) and the next moment time alone could change the answer
-(``_recheck``). A subject is judged again when its mark moved, when that moment came, or when the last look
+subject's fields and the span of its history: ``versions``) and the next moment time alone could change the answer
+(``recheck``). A subject is judged again when its mark moved, when that moment came, or when the last look
 found something (a finding's figures move with the clock: it is never reused). Everything else about a round
 is as ``evaluate`` does it: the same scopes, in the same order, the same ``actions_for``.
 
@@ -19,9 +19,8 @@ together (any report of the model is news to it).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Sequence
+from datetime import datetime
 from heapq import heapify, heappop, heappush
 from typing import Any
 
@@ -29,16 +28,13 @@ from controlplane.policy.actions import LowerMaxNumSeqsAction
 from controlplane.policy.conditions import (
     Condition,
     CrashLoopCondition,
-    EccCondition,
     ErrorRateCondition,
     LeakCondition,
     OomCrashCondition,
     StallCondition,
-    ThermalCondition,
     ThresholdCondition,
-    XidCondition,
 )
-from controlplane.policy.detectors.findings import STALE_AFTER_SECONDS, Finding
+from controlplane.policy.detectors.findings import Finding
 from controlplane.policy.detectors.leak import judge_leak
 from controlplane.policy.evaluate import (
     GPU_CONDITIONS,
@@ -53,13 +49,14 @@ from controlplane.policy.evaluate import (
 from controlplane.policy.memory import KeptReadings
 from controlplane.policy.policy import Policy
 from controlplane.policy.proposals import ProposedAction
+from controlplane.policy.recheck import recheck
 from controlplane.policy.screens import screen
 from controlplane.policy.shards import Part, judged_by_nodes
 from controlplane.policy.snapshot import FleetSnapshot, Gpu, Replica
+from controlplane.policy.versions import Versions, gpu_mark, replica_mark
 
 REPLICA_CONDITIONS = (ThresholdCondition, ErrorRateCondition, StallCondition, LeakCondition, CrashLoopCondition,
                       OomCrashCondition)
-_STALE = timedelta(seconds=STALE_AFTER_SECONDS)
 
 
 class _Inputs:
@@ -93,67 +90,6 @@ class _Quiet:
         self.pending = pending
 
 
-def _history_span(history: Sequence[Any]) -> tuple[Any, ...]:
-    # A history gains samples at its end (or, reported late, inside) and loses them at its start: its length and
-    # both ends tell every change apart.
-    return (len(history), history[0].at, history[-1].at) if history else (0,)
-
-
-def _replica_mark(replica: Replica, snapshot: FleetSnapshot) -> tuple[Any, ...]:
-    """Everything a replica detector reads of one replica: its fields, its history's span, and a leak's limit
-    (the host's memory, or its GPUs')."""
-    node = snapshot.node(replica.node)
-    return (*(v for k, v in replica.__dict__.items() if k != "history"), *_history_span(replica.history),
-            None if node is None else node.memory_total_bytes,
-            tuple(g.memory_total_bytes for g in snapshot.gpus_of(replica)))
-
-
-def _gpu_mark(gpu: Gpu) -> tuple[Any, ...]:
-    return (*(v for k, v in gpu.__dict__.items() if k != "history"), *_history_span(gpu.history))
-
-
-class _Versions:
-    """A version per subject, moved whenever what the detectors read of it changed since the last round.
-
-    A subject that is the very object of the last round (a snapshot that kept an unchanged node's objects:
-    ``snapshot.FleetRows``) keeps its version without its mark being worked out again; a new object is marked
-    and compared. ``changed``: the keys new, gone or moved by the last ``update``."""
-
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[Any, tuple[Any, ...], int]] = {}  # key -> (object, mark, version)
-        self._last = 0  # versions are never reused: a subject that left and came back is new
-        self.changed: set[str] = set()
-        self.order: dict[str, int] = {}  # key -> position in the subjects of the last update
-        self.subjects: dict[str, Any] = {}  # key -> the subject of the last update
-
-    def update(self, subjects: Sequence[Any], mark: Callable[[Any], tuple[Any, ...]]) -> None:
-        known = self._known
-        seen: dict[str, tuple[Any, tuple[Any, ...], int]] = {}
-        changed = set()
-        order: dict[str, int] = {}
-        by_key: dict[str, Any] = {}
-        for position, subject in enumerate(subjects):
-            key = subject.key
-            order[key] = position
-            by_key[key] = subject
-            last = known.get(key)
-            if last is not None and last[0] is subject:
-                seen[key] = last
-                continue
-            changed.add(key)  # a new object: unchanged only if its mark is
-            now_mark = mark(subject)
-            if last is None or last[1] != now_mark:
-                self._last += 1
-                seen[key] = (subject, now_mark, self._last)
-            else:
-                seen[key] = (subject, now_mark, last[2])
-        changed.update(key for key in known if key not in seen)
-        self._known, self.changed, self.order, self.subjects = seen, changed, order, by_key
-
-    def __getitem__(self, key: str) -> int:
-        return self._known[key][2]
-
-
 class _Answers:
     """One policy's answers on its subjects as of the round ``round``: those screened calm (a calm screen stays
     calm while the subject is unchanged and the clock moves on, ``screens``; a changed one is walked again), those
@@ -173,59 +109,6 @@ class _Answers:
         self.due: list[tuple[datetime, int, str, _Quiet]] = []
 
 
-def _windows(cond: Condition) -> tuple[float, ...]:
-    if isinstance(cond, ThresholdCondition | ErrorRateCondition | StallCondition | ThermalCondition):
-        return (cond.for_,)
-    if isinstance(cond, XidCondition | EccCondition):
-        return (cond.within,)
-    if isinstance(cond, LeakCondition):
-        return (cond.lookback,)
-    return ()
-
-
-def _at(sample: Any) -> datetime:
-    at: datetime = sample.at
-    return at
-
-
-def _recheck(cond: Condition, history: Sequence[Any], since: datetime | None, now: datetime, key: str,
-             moments: dict[tuple[str, float], datetime | None]) -> datetime | None:
-    """The first moment, at or after ``now``, from which time alone could change what ``cond`` finds on a subject
-    with this history (None: only a new input can). A moment equal to ``now`` means "any later round": window
-    bounds are inclusive in some detectors and exclusive in others, so each edge counts from the instant it is
-    reached. ``moments``: this round's answers by subject and window, shared by the policies."""
-    found: list[datetime | None] = [_moment(history, since, now, key, -1.0, moments)]
-    found += [_moment(history, since, now, key, window, moments) for window in _windows(cond)]
-    known = [m for m in found if m is not None]
-    return min(known) if known else None
-
-
-def _moment(history: Sequence[Any], since: datetime | None, now: datetime, key: str, window: float,
-            moments: dict[tuple[str, float], datetime | None]) -> datetime | None:
-    """The first moment at or after ``now`` one window (``window`` < 0: none, the history's own edges) changes."""
-    if (key, window) in moments:
-        return moments[(key, window)]
-    found: list[datetime] = []
-    if window < 0:
-        if history:
-            found.append(history[-1].at + _STALE)  # the newest sample turns stale
-            ahead = bisect_right(history, now, key=_at)
-            if ahead < len(history):  # stamped after this round's clock (a skewed agent): it enters later
-                found.append(history[ahead].at)
-    else:
-        span = timedelta(seconds=window)
-        # The oldest sample still inside the window leaves it next (and a history too short for a ``for`` first
-        # covers it then).
-        first = bisect_left(history, now - span, key=_at)
-        if first < len(history):
-            found.append(history[first].at + span)
-        if since is not None:  # ``for`` since the replica's state began (a WEDGED verdict held long enough)
-            found.append(since + span)
-    later = [m for m in found if m >= now]
-    moments[(key, window)] = min(later) if later else None
-    return moments[(key, window)]
-
-
 class Evaluator:
     """``evaluate`` across rounds, judging again only the subjects whose answer may have changed.
 
@@ -240,13 +123,13 @@ class Evaluator:
         self._answers: dict[int, tuple[Policy, _Answers]] = {}
         # Past this share of a policy's subjects to look at again, a round walks them all in order instead.
         self._whole_walk_share = whole_walk_share
-        self._replicas = _Versions()
-        self._gpus = _Versions()
+        self._replicas = Versions()
+        self._gpus = Versions()
         self._round = 0
         self._pushed = 0  # a tie-breaker for the due heaps
         # The governor's readings of replicas, kept while the snapshot hands over the same objects.
         self._readings = KeptReadings()
-        # ``_recheck``'s answers by the round they are for, shared by the policies (one subject, one window).
+        # ``recheck``'s answers by the round they are for, shared by the policies (one subject, one window).
         self._moments: dict[datetime, dict[tuple[str, float], datetime | None]] = {}
         self.judged = 0  # subjects judged by the last round
         self.reused = 0  # known quiet from an earlier round
@@ -258,8 +141,8 @@ class Evaluator:
         self.primed = False
         self._answers.clear()
         self._readings.clear()
-        self._replicas = _Versions()
-        self._gpus = _Versions()
+        self._replicas = Versions()
+        self._gpus = Versions()
 
     def evaluate(self, policies: Sequence[Policy], snapshot: FleetSnapshot, now: datetime,
                  part: Part | None = None) -> list[ProposedAction]:
@@ -273,8 +156,8 @@ class Evaluator:
         self._answers = kept
         self._round += 1
         self.judged = self.reused = self.screened = self.walked = 0
-        self._replicas.update(models.replicas, lambda r: _replica_mark(r, snapshot))
-        self._gpus.update(snapshot.gpus if part.nodes else (), _gpu_mark)
+        self._replicas.update(models.replicas, lambda r: replica_mark(r, snapshot))
+        self._gpus.update(snapshot.gpus if part.nodes else (), gpu_mark)
         self._moments.clear()
         out: list[ProposedAction] = []
         for policy in policies:
@@ -297,7 +180,7 @@ class Evaluator:
         inputs = known.pending
         assert inputs is not None
         moments = self._moments.setdefault(known.at, {})
-        until = _recheck(inputs.cond, inputs.history, inputs.since, known.at, inputs.key, moments)
+        until = recheck(inputs.cond, inputs.history, inputs.since, known.at, inputs.key, moments)
         due = inputs.leak_due
         if due is not None and (until is None or due < until):
             until = due
@@ -385,7 +268,7 @@ class Evaluator:
         self.reused += len(answers.quiet) - len(unsettled)
         return found
 
-    def _candidates(self, answers: _Answers, versions: _Versions, now: datetime) -> set[str]:
+    def _candidates(self, answers: _Answers, versions: Versions, now: datetime) -> set[str]:
         """The keys whose answer may differ from the last round's: new objects (or gone), findings, answers
         whose moment is still to be worked out, and answers that fell due."""
         keys = set(versions.changed)
