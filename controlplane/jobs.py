@@ -169,19 +169,25 @@ class Jobs:
         done = self.rounds.run()
         if done is None:
             return None
+        self._on_round(done[1], self._clock().timestamp())  # its duration, and when it ended
+        try:
+            urgent = self.rounds.run_urgent()  # the state changes that landed while it ran
+        except Exception:  # the next round reads what it would have
+            log.exception("urgent policy round failed")
+            urgent = None
         if self._pokes != pokes:
             self.poke()
-        self._on_round(done[1], self._clock().timestamp())  # its duration, and when it ended
-        self._evaluate_when_due(done[0])
+        dues = [r.next_due for r in (done[0], urgent[0] if urgent else None) if r is not None and r.next_due]
+        self._evaluate_when_due(min(dues, default=None))
         return done[0]
 
-    def _evaluate_when_due(self, result: RoundResult | None) -> None:
+    def _evaluate_when_due(self, next_due: datetime | None) -> None:
         """A condition under way completes its ``for:`` before the next round would come: a round at that
         moment (``policy.due``), so acting never waits for the next report or interval past it."""
-        if result is None or result.next_due is None or not self._scheduler.running:
+        if next_due is None or not self._scheduler.running:
             return
         interval = self._config.policy_interval_seconds
-        wait = wait_seconds(result.next_due, self._clock(), interval)
+        wait = wait_seconds(next_due, self._clock(), interval)
         if wait >= interval:
             return  # the interval's own round comes first
         self._scheduler.add_job(self.evaluate, "date", run_date=datetime.now(UTC) + timedelta(seconds=wait),

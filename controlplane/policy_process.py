@@ -159,6 +159,7 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
                     held.value = len(runner.samples)
                 continue
             due, took = _one_round(runner, rounds)
+            due = _urgent_round(runner, due)  # the state changes that landed while it ran
             debounce = debounce_after(config.policy_debounce_seconds, took, poke.is_set())
             if held is not None:
                 held.value = len(runner.samples)
@@ -212,6 +213,19 @@ def _follow(runner: Any) -> None:
         runner.follow()
     except Exception:  # the next interval retries; the history stays as it was
         log.exception("following the sample history failed")
+
+
+def _urgent_round(runner: Any, due: datetime | None) -> datetime | None:
+    """``PolicyRounds.run_urgent`` after a round; the earlier of ``due`` and its ``next_due``. Not among the
+    rounds reported (their durations are the whole rounds')."""
+    try:
+        done = runner.run_urgent()
+    except Exception:  # the next round reads what it would have
+        log.exception("urgent policy round failed")
+        return due
+    if done is None or done[0].next_due is None:
+        return due
+    return done[0].next_due if due is None else min(due, done[0].next_due)
 
 
 def _one_round(runner: Any, rounds: multiprocessing.Queue[tuple[float, float]]) -> tuple[datetime | None, float]:

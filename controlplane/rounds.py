@@ -6,6 +6,11 @@ control plane leads, ``follow`` keeps the same cache current (a warm standby), s
 delta read instead of the whole window (docs/design.md, "Failover"). The same
 object runs in the API process (embedded apps, tests) or in the policy process ``pitstop server`` starts
 (``controlplane.policy_process``), where a large fleet's evaluation cannot hold up the report path.
+
+After each round, ``run_urgent`` runs one more for the nodes whose replicas changed state since that round read
+the store (an agent's verdict: WEDGED, a crash), reading what is new of those nodes alone: at fleet scale, where
+rounds run back to back, a verdict that lands while a round runs is acted on when that round ends, not a whole
+round later (docs/design.md, "Urgent rounds").
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from controlplane.config import ServerConfig
@@ -30,6 +36,7 @@ from controlplane.remediation.policyset import PolicySet
 from controlplane.remediation.snapshot import FleetRows
 from controlplane.shards import shard_leases_for
 from controlplane.store.db import session_scope
+from controlplane.store.models import ReplicaEventRow
 
 log = logging.getLogger(__name__)
 # Rounds quicker than this never delay the next one (small fleets, tests); slower ones obey policy_max_duty.
@@ -73,6 +80,8 @@ class PolicyRounds:
         self._next_round_at = 0.0
         self._next_follow_at = 0.0
         self._forget = False
+        # The last replica event a round's read covered: later state changes make an urgent round (``run_urgent``).
+        self._events_seen: int | None = None
         self.last_round: RoundResult | None = None
 
     def holds(self, leader: bool) -> bool:
@@ -98,6 +107,7 @@ class PolicyRounds:
     def forget(self) -> None:
         """This control plane judges nothing now and will not follow: the next round reads the window afresh."""
         self._forget = True
+        self._events_seen = None
 
     def follow(self) -> int | None:
         """Another control plane leads: read the samples stored since the last read into the history, as a
@@ -152,6 +162,50 @@ class PolicyRounds:
             self._running.release()
         return result, ended - started
 
+    def run_urgent(self) -> tuple[RoundResult, float] | None:
+        """A round for the nodes whose replicas changed state since the last round read the store, and its
+        duration: what is new is read of those nodes alone, every other node is as that round read it, and the
+        policies judge the snapshot as any round does (the incremental evaluation walks what changed: those nodes'
+        subjects, and answers that fell due). None when no replica changed state, a round is running, or no
+        round has read the store since this control plane began or last led.
+
+        Best effort by design: a state change it misses (an event committed late, on PostgreSQL) is in the next
+        whole round's read. Policy files are re-read by whole rounds only."""
+        if not self._config.policies_enabled or self._events_seen is None or self._forget:
+            return None
+        if not self._running.acquire(blocking=False):
+            return None
+        started = self._monotonic()
+        try:
+            with self._collector_off():
+                result = self._urgent_round(self._events_seen)
+        finally:
+            self._running.release()
+        return None if result is None else (result, self._monotonic() - started)
+
+    def _urgent_round(self, seen: int) -> RoundResult | None:
+        now = self._clock()
+        with session_scope(self._sessions) as session:
+            changed = session.execute(select(ReplicaEventRow.id, ReplicaEventRow.node).where(
+                ReplicaEventRow.id > seen, ReplicaEventRow.to_state.is_not(None))).all()
+            if not changed:
+                return None
+            result = run_round(session=session, now=now, policies=self.policies.policies,
+                               guard_config=self.guard_config,
+                               history=timedelta(seconds=self._config.policy_history_seconds),
+                               samples=self.samples, reports_since=self.reports_since,
+                               evaluator=self.evaluator, rows=self.rows, part=self.part,
+                               only={node for _, node in changed})
+        self._events_seen = max(seen, *(i for i, _ in changed))
+        self.last_round = result
+        if result.recorded:
+            log.info("urgent round (%d node(s) changed state): %d proposed, recorded %s",
+                     len({node for _, node in changed}), result.proposed, result.recorded)
+            applied = apply_approved(sessions=self._sessions, now=self._clock)
+            if applied:
+                log.info("executor: applied %s", applied)
+        return result
+
     def _collector_off(self) -> AbstractContextManager[None]:
         """The garbage collector's automatic passes off for a round or a follow, and one collection and freeze at
         its end (``HeapFreezer.during_round``); unchanged without a freezer (tests, one-off tools)."""
@@ -168,11 +222,14 @@ class PolicyRounds:
             now = self._clock()
             self.policies.refresh(now)
             with session_scope(self._sessions) as session:
+                # Read before the round reads the rest: a state change stored from here on gets an urgent round.
+                events = session.scalar(select(func.max(ReplicaEventRow.id))) or 0
                 result = run_round(session=session, now=now, policies=self.policies.policies,
                                    guard_config=self.guard_config,
                                    history=timedelta(seconds=self._config.policy_history_seconds),
                                    samples=self.samples, reports_since=self.reports_since,
                                    evaluator=self.evaluator, rows=self.rows, part=self.part)
+            self._events_seen = events
             self.last_round = result
             if result.recorded:
                 log.info("policy round: %d proposed, recorded %s", result.proposed, result.recorded)

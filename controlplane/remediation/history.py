@@ -9,6 +9,10 @@ New rows are found by id. On PostgreSQL ids are handed out before commit, so a r
 rows with larger ids: each refresh lists the ids of the last ``overlap_rows`` (integers only, cheap) and
 fetches any it has not seen, so a report that committed late still lands in the history. SQLite has one
 writer, so ids arrive in order there. A leader that starts (or takes over) reads the window once.
+
+A round may also read ahead for a few nodes only (``refresh(..., only=...)``: an urgent round, ``rounds``): their
+new rows are added and their ids remembered, the watermark stays, and the next whole refresh skips those rows, so
+every row lands in the history once.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class SampleHistory:
         self._watermark: int | None = None  # the largest id read so far; None until the first refresh
         self.cold_seconds = 0.0  # time spent reading whole windows (a new leader term), for the duty cap
         self._seen: set[int] = set()  # ids read in the overlap window, to skip on the next refresh
+        self._ahead: set[int] = set()  # ids above the watermark read for some nodes only (``only``)
         # Nodes whose histories gained or lost a sample since ``take_touched`` last ran (a snapshot built from
         # this cache rebuilds only those nodes' subjects: ``snapshot.FleetRows``).
         self._touched: set[str] = set()
@@ -74,6 +79,7 @@ class SampleHistory:
         """Forget everything (leadership lost: the next leader term reads the window afresh)."""
         self._series.clear()
         self._seen.clear()
+        self._ahead.clear()
         self._touched.clear()
         self._watermark = None
 
@@ -82,9 +88,27 @@ class SampleHistory:
         touched, self._touched = self._touched, set()
         return touched
 
-    def refresh(self, session: Session, now: datetime) -> int:
-        """Read the rows written since the last refresh, drop what fell out of the window; rows added."""
+    @property
+    def primed(self) -> bool:
+        """Whether the window has been read (a refresh reads only what is new from then on)."""
+        return self._watermark is not None
+
+    def refresh(self, session: Session, now: datetime, only: set[str] | None = None) -> int:
+        """Read the rows written since the last refresh, drop what fell out of the window; rows added.
+
+        ``only``: read the new rows of these nodes alone (the window must have been read already); the next
+        refresh without it reads everything else, and not these rows again."""
         since = now - self.horizon
+        if only is not None:
+            if self._watermark is None:
+                raise ValueError("a refresh of some nodes needs the window read first")
+            rows = [row for row in session.execute(
+                select(*_COLUMNS).where(NodeSamples.id > self._watermark, NodeSamples.node.in_(sorted(only)))
+                .order_by(NodeSamples.id)).all() if row[0] not in self._ahead]
+            self._ahead.update(row[0] for row in rows)
+            added = self._add(rows, since, note=False)
+            self._trim(since)
+            return added
         if self._watermark is None:
             began = time.perf_counter()
             # Streamed in batches: a 1,000-node fleet's window is millions of rows, and holding every
@@ -101,17 +125,20 @@ class SampleHistory:
                                               .order_by(NodeSamples.id)).all(), since)
             if late:
                 added += self._add(session.execute(select(*_COLUMNS).where(NodeSamples.id.in_(late))).all(), since)
+            if self._ahead:
+                self._ahead = {i for i in self._ahead if i > self._watermark}  # read ahead, and now passed
         self._trim(since)
         return added
 
-    def _add(self, rows: Sequence[Any], since: datetime) -> int:
+    def _add(self, rows: Sequence[Any], since: datetime, note: bool = True) -> int:
         added = 0
         series_of = self._series
         touched = self._touched
         ids = [row[0] for row in rows]
-        for (_, node, at, _), entries in readable(rows):
-            if at < since:
-                continue
+        ahead = self._ahead if note else ()
+        for (row_id, node, at, _), entries in readable(rows):
+            if at < since or row_id in ahead:
+                continue  # out of the window, or read ahead for its node (``only``) and in the history already
             touched.add(node)
             for kind, subject, values in entries:
                 point = from_stored(at, values) if kind == "replica" else gpu_reading(at, values)
@@ -123,7 +150,8 @@ class SampleHistory:
                 else:
                     insort(series, point, key=_at)  # a report that arrived out of order
                 added += 1
-        self._note(ids)
+        if note:
+            self._note(ids)
         return added
 
     def _note(self, ids: list[int]) -> None:

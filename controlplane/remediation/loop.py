@@ -124,18 +124,20 @@ def _trip(session: Session, reason: str, now: datetime) -> None:
 def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_config: GuardConfig,
               history: timedelta, samples: SampleHistory | None = None,
               reports_since: datetime | None = None, evaluator: Evaluator | None = None,
-              rows: FleetRows | None = None, part: Part | None = None) -> RoundResult:
+              rows: FleetRows | None = None, part: Part | None = None,
+              only: set[str] | None = None) -> RoundResult:
     """Evaluate every policy against the stored fleet and record the guarded decisions (``samples``: the
     leader's history cache, read incrementally; ``reports_since``: when this control plane began to hear
     reports, before which no node's silence counts; ``evaluator``: the rounds' incremental evaluation, which
     proposes what ``evaluate`` would, judging again only the subjects whose answer may have changed; ``rows``:
     the leader's copy of the latest rows, read again only for the nodes that reported; ``part``: the shards this
-    control plane holds, None for the whole fleet).
+    control plane holds, None for the whole fleet; ``only``: read what is new of these nodes alone, the rest as
+    the last round read it, ``build_snapshot``).
 
     Deciding and recording hold the guardrails' lock (``hold_guardrails``): control planes that hold other shards
     decide one after another, each counting what the others recorded."""
     result = RoundResult()
-    snapshot = build_snapshot(session=session, now=now, history=history, samples=samples, rows=rows)
+    snapshot = build_snapshot(session=session, now=now, history=history, samples=samples, rows=rows, only=only)
     models = Counter(r.model for r in snapshot.replicas)
     snapshot = snapshot.model_copy(update={
         "reports_since": reports_since,

@@ -96,12 +96,22 @@ class FleetRows:
         self._built: dict[str, tuple[Any, Node, list[Replica], list[Gpu]]] = {}  # name -> (inputs, objects)
         self._history: SampleHistory | None = None  # the cache the kept objects' histories came from
         self.read_nodes = 0  # nodes whose rows the last refresh read
+        self.node_rows: list[Any] | None = None  # the nodes' rows the last snapshot was built from, by name
         self.built_nodes = 0  # nodes whose objects the last snapshot built (the others were reused)
 
     def clear(self) -> None:
         self._nodes.clear()
         self._built.clear()
         self._history = None
+        self.node_rows = None
+
+    def with_nodes(self, fresh: Sequence[Any]) -> list[Any]:
+        """The last snapshot's node rows, in their order, with ``fresh`` ones in place of those of the same names (a
+        node new since goes last, until the next whole read puts it in the database's order)."""
+        assert self.node_rows is not None
+        by_name = {n.name: n for n in fresh}
+        kept = [by_name.pop(n.name, n) for n in self.node_rows]
+        return kept + list(by_name.values())
 
     def refresh(self, session: Session, markers: dict[str, Any]) -> None:
         stale = [name for name, marker in markers.items()
@@ -272,23 +282,33 @@ def _built_whole(session: Session, since: datetime, use_history: bool, model: st
 
 def build_snapshot(*, session: Session, now: datetime, history: timedelta = timedelta(minutes=15),
                    model: str | None = None, samples: SampleHistory | None = None,
-                   rows: FleetRows | None = None) -> FleetSnapshot:
+                   rows: FleetRows | None = None, only: set[str] | None = None) -> FleetSnapshot:
     """The fleet at ``now`` with ``history`` of samples; ``model`` limits replicas to one model (no GPUs then).
 
     With ``samples`` (the leader's cache) histories come from memory after reading only the new rows;
     without, from the samples table. With ``rows`` (the leader's copy of the latest rows) only the nodes that
     reported since are read. Latest state is read with plain column queries: at 8,000 replicas the ORM's
     per-object bookkeeping cost more than the database did.
+
+    ``only`` (with both caches, after a snapshot built from them): what is new is read of these nodes alone, and
+    every other node is as that snapshot read it (an urgent round: ``rounds.PolicyRounds.run_urgent``).
     """
     since = now - history
     use_history = history > timedelta(0)
+    partial = only is not None and rows is not None and rows.node_rows is not None and samples is not None
+    if only is not None and not partial:
+        raise ValueError("a snapshot of some nodes' news needs the leader's caches, read once already")
     if samples is not None and use_history:
-        samples.refresh(session, now)
-    node_rows = session.execute(select(NodeRow.name, NodeRow.cordoned, NodeRow.cordoned_gpus,
-                                       NodeRow.memory_total_bytes, NodeRow.last_report_at, NodeRow.last_sequence)
-                                .order_by(NodeRow.name)).all()
+        samples.refresh(session, now, only if partial else None)
+    query = select(NodeRow.name, NodeRow.cordoned, NodeRow.cordoned_gpus, NodeRow.memory_total_bytes,
+                   NodeRow.last_report_at, NodeRow.last_sequence).order_by(NodeRow.name)
+    if partial and rows is not None and only is not None:
+        node_rows = rows.with_nodes(session.execute(query.where(NodeRow.name.in_(sorted(only)))).all())
+    else:
+        node_rows = list(session.execute(query).all())
     if rows is not None:
         rows.refresh(session, {n.name: (n.last_report_at, n.last_sequence) for n in node_rows})
+        rows.node_rows = node_rows
     desired = {(node, name): (generation, cap) for node, name, generation, cap in session.execute(
         select(DesiredReplica.node, DesiredReplica.name, DesiredReplica.generation, DesiredReplica.live_cap))}
     if rows is not None and samples is not None and use_history and model is None and history == samples.horizon:
