@@ -197,8 +197,7 @@ class PolicyRounds:
                                evaluator=self.evaluator, rows=self.rows, part=self.part,
                                only={node for _, node in changed})
         self._events_seen = max(seen, *(i for i, _ in changed))
-        self.last_round = result
-        if result.recorded:
+        if result.recorded:  # ``last_round`` stays the last whole round's
             log.info("urgent round (%d node(s) changed state): %d proposed, recorded %s",
                      len({node for _, node in changed}), result.proposed, result.recorded)
             applied = apply_approved(sessions=self._sessions, now=self._clock)

@@ -77,6 +77,7 @@ def test_a_verdict_stored_after_a_round_read_is_acted_on_by_an_urgent_round_of_i
     urgent = setup.rounds.run_urgent()
     assert urgent is not None and len(urgent[0].recorded) == 1
     assert setup.rounds.rows.read_nodes == 1  # gpu-a's rows alone
+    assert setup.rounds.last_round is done[0]  # the last whole round's, as the console and status show it
     actions = setup.client.get("/v1/actions", params={"policy": "stall"}).json()
     assert [(a["kind"], a["target"]) for a in actions] == [("restart", "replica:gpu-a/r0")]
     # gpu-b's news waits for the next whole round: its history is as the round before read it.
