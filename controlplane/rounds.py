@@ -8,9 +8,9 @@ object runs in the API process (embedded apps, tests) or in the policy process `
 (``controlplane.policy_process``), where a large fleet's evaluation cannot hold up the report path.
 
 After each round, ``run_urgent`` runs one more for the nodes whose replicas changed state since that round read
-the store (an agent's verdict: WEDGED, a crash), reading what is new of those nodes alone: at fleet scale, where
-rounds run back to back, a verdict that lands while a round runs is acted on when that round ends, not a whole
-round later (docs/design.md, "Urgent rounds").
+the store (an agent's verdict: WEDGED, a crash) and those on which a condition under way completed its ``for:``
+while it ran, reading what is new of those nodes alone: at fleet scale, where rounds run back to back, such a
+moment is acted on when the round under way ends, not a whole round later (docs/design.md, "Urgent rounds").
 """
 
 from __future__ import annotations
@@ -80,8 +80,10 @@ class PolicyRounds:
         self._next_round_at = 0.0
         self._next_follow_at = 0.0
         self._forget = False
-        # The last replica event a round's read covered: later state changes make an urgent round (``run_urgent``).
+        # The last replica event a round's read covered: later state changes make an urgent round (``run_urgent``),
+        # as do the last round's moments of conditions under way (``RoundResult.dues``) that have passed.
         self._events_seen: int | None = None
+        self._dues: list[tuple[datetime, str]] = []
         self.last_round: RoundResult | None = None
 
     def holds(self, leader: bool) -> bool:
@@ -107,7 +109,7 @@ class PolicyRounds:
     def forget(self) -> None:
         """This control plane judges nothing now and will not follow: the next round reads the window afresh."""
         self._forget = True
-        self._events_seen = None
+        self._events_seen, self._dues = None, []
 
     def follow(self) -> int | None:
         """Another control plane leads: read the samples stored since the last read into the history, as a
@@ -163,11 +165,12 @@ class PolicyRounds:
         return result, ended - started
 
     def run_urgent(self) -> tuple[RoundResult, float] | None:
-        """A round for the nodes whose replicas changed state since the last round read the store, and its
-        duration: what is new is read of those nodes alone, every other node is as that round read it, and the
-        policies judge the snapshot as any round does (the incremental evaluation walks what changed: those nodes'
-        subjects, and answers that fell due). None when no replica changed state, a round is running, or no
-        round has read the store since this control plane began or last led.
+        """A round for the nodes whose replicas changed state since the last round read the store, and those on
+        which a condition under way at that round's clock has completed its ``for:`` since, and its duration: what
+        is new is read of those nodes alone, every other node is as that round read it, and the policies judge the
+        snapshot as any round does (the incremental evaluation walks what changed: those nodes' subjects, and
+        answers that fell due). None when there is no such node, a round is running, or no round has read the
+        store since this control plane began or last led. Once after each round: the dues are that round's.
 
         Best effort by design: a state change it misses (an event committed late, on PostgreSQL) is in the next
         whole round's read. Policy files are re-read by whole rounds only."""
@@ -185,25 +188,28 @@ class PolicyRounds:
 
     def _urgent_round(self, seen: int) -> RoundResult | None:
         now = self._clock()
+        due, self._dues = {node for at, node in self._dues if at <= now}, []
         with session_scope(self._sessions) as session:
             changed = session.execute(select(ReplicaEventRow.id, ReplicaEventRow.node).where(
                 ReplicaEventRow.id > seen, ReplicaEventRow.to_state.is_not(None))).all()
-            if not changed:
+            nodes = due | {node for _, node in changed}
+            if not nodes:
                 return None
-            result = run_round(session=session, now=now, policies=self.policies.policies,
-                               guard_config=self.guard_config,
-                               history=timedelta(seconds=self._config.policy_history_seconds),
-                               samples=self.samples, reports_since=self.reports_since,
-                               evaluator=self.evaluator, rows=self.rows, part=self.part,
-                               only={node for _, node in changed})
-        self._events_seen = max(seen, *(i for i, _ in changed))
+            result = self._judge(session, now, only=nodes)
+        self._events_seen = max([seen, *(i for i, _ in changed)])
         if result.recorded:  # ``last_round`` stays the last whole round's
-            log.info("urgent round (%d node(s) changed state): %d proposed, recorded %s",
-                     len({node for _, node in changed}), result.proposed, result.recorded)
+            log.info("urgent round (%d node(s): a change of state or a for: completed): %d proposed, recorded %s",
+                     len(nodes), result.proposed, result.recorded)
             applied = apply_approved(sessions=self._sessions, now=self._clock)
             if applied:
                 log.info("executor: applied %s", applied)
         return result
+
+    def _judge(self, session: Session, now: datetime, only: set[str] | None = None) -> RoundResult:
+        return run_round(session=session, now=now, policies=self.policies.policies, guard_config=self.guard_config,
+                         history=timedelta(seconds=self._config.policy_history_seconds), samples=self.samples,
+                         reports_since=self.reports_since, evaluator=self.evaluator, rows=self.rows, part=self.part,
+                         only=only)
 
     def _collector_off(self) -> AbstractContextManager[None]:
         """The garbage collector's automatic passes off for a round or a follow, and one collection and freeze at
@@ -223,12 +229,8 @@ class PolicyRounds:
             with session_scope(self._sessions) as session:
                 # Read before the round reads the rest: a state change stored from here on gets an urgent round.
                 events = session.scalar(select(func.max(ReplicaEventRow.id))) or 0
-                result = run_round(session=session, now=now, policies=self.policies.policies,
-                                   guard_config=self.guard_config,
-                                   history=timedelta(seconds=self._config.policy_history_seconds),
-                                   samples=self.samples, reports_since=self.reports_since,
-                                   evaluator=self.evaluator, rows=self.rows, part=self.part)
-            self._events_seen = events
+                result = self._judge(session, now)
+            self._events_seen, self._dues = events, result.dues
             self.last_round = result
             if result.recorded:
                 log.info("policy round: %d proposed, recorded %s", result.proposed, result.recorded)

@@ -1,4 +1,5 @@
-"""``next_due(policies, snapshot, now)``: the next moment a condition under way completes its ``for:``. Pure.
+"""``next_due(policies, snapshot, now)``: the next moment a condition under way completes its ``for:``; ``dues``:
+each such moment with the node it is on. Pure.
 
 ``for:`` counts from the first sample that crossed (its report's time), so a breach that goes on is met at an
 exact moment known in advance: the first crossing plus ``for:``. The rounds wake then (``wait_seconds``) instead
@@ -33,27 +34,38 @@ from controlplane.policy.snapshot import FleetSnapshot
 DUE_SLACK_SECONDS = 0.01
 
 
-def policy_due(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> datetime | None:
-    """The next moment one policy's condition is met on some subject if what holds now goes on holding."""
+def policy_dues(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> list[tuple[datetime, str]]:
+    """The moments one policy's condition is met on its subjects if what holds now goes on holding, each with the
+    node of its subject (a replica's, a GPU's, or the node itself)."""
     cond = policy.condition
     if not policy.enabled or isinstance(policy.action, LowerMaxNumSeqsAction):
-        return None  # the governor judges its own windows
-    found: list[datetime | None] = []
+        return []  # the governor judges its own windows
+    found: list[tuple[datetime | None, str]] = []
     # A screened subject has nothing under way either: its newest reading does not cross (``screens``).
     calm = screen(cond, now) or _never
     if isinstance(cond, ThresholdCondition):
-        found = [threshold_due(cond, r, now) for r in in_scope_replicas(policy, snapshot) if not calm(r)]
+        found = [(threshold_due(cond, r, now), r.node) for r in in_scope_replicas(policy, snapshot) if not calm(r)]
     elif isinstance(cond, ThermalCondition):
-        found = [thermal_due(cond, g, now) for g in in_scope_gpus(policy, snapshot) if not calm(g)]
+        found = [(thermal_due(cond, g, now), g.node) for g in in_scope_gpus(policy, snapshot) if not calm(g)]
     elif isinstance(cond, StallCondition):
-        found = [stall_due(cond, r, now) for r in in_scope_replicas(policy, snapshot)]
+        found = [(stall_due(cond, r, now), r.node) for r in in_scope_replicas(policy, snapshot)]
     elif isinstance(cond, NodeUnreachableCondition):
-        found = [node_unreachable_due(cond, n, snapshot, now) for n in in_scope_nodes(policy, snapshot)]
-    return min((d for d in found if d is not None), default=None)
+        found = [(node_unreachable_due(cond, n, snapshot, now), n.name) for n in in_scope_nodes(policy, snapshot)]
+    return [(d, node) for d, node in found if d is not None]
+
+
+def policy_due(policy: Policy, snapshot: FleetSnapshot, now: datetime) -> datetime | None:
+    """The next moment one policy's condition is met on some subject if what holds now goes on holding."""
+    return min((d for d, _ in policy_dues(policy, snapshot, now)), default=None)
 
 
 def _never(subject: object) -> bool:
     return False
+
+
+def dues(policies: Sequence[Policy], snapshot: FleetSnapshot, now: datetime) -> list[tuple[datetime, str]]:
+    """Every moment, after ``now``, that a condition under way is met, with the node it is on, soonest first."""
+    return sorted(due for p in policies for due in policy_dues(p, snapshot, now))
 
 
 def next_due(policies: Sequence[Policy], snapshot: FleetSnapshot, now: datetime) -> datetime | None:

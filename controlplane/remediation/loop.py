@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controlplane.policy.due import next_due
+from controlplane.policy.due import dues
 from controlplane.policy.evaluate import evaluate
 from controlplane.policy.guardrails import Decision, GuardConfig, Verdict, decide
 from controlplane.policy.incremental import Evaluator
@@ -49,6 +49,9 @@ class RoundResult:
     resolved: list[int] = field(default_factory=list)
     # The next moment a condition under way completes its ``for:`` (``policy.due``): the next round's turn.
     next_due: datetime | None = None
+    # Each such moment with the node it is on, soonest first: those that pass while the round runs get an urgent
+    # round of their nodes after it (``rounds.PolicyRounds.run_urgent``).
+    dues: list[tuple[datetime, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -146,11 +149,10 @@ def run_round(*, session: Session, now: datetime, policies: list[Policy], guard_
     proposed = (evaluate(policies, snapshot, now, part) if evaluator is None
                 else evaluator.evaluate(policies, snapshot, now, part))
     result.proposed = len(proposed)
-    result.next_due = next_due([p for p in part.policies(policies) if not judged_by_nodes(p)],
-                               part.models_view(snapshot), now)
+    result.dues = dues([p for p in part.policies(policies) if not judged_by_nodes(p)], part.models_view(snapshot), now)
     if part.nodes:
-        due = next_due([p for p in policies if judged_by_nodes(p)], snapshot, now)
-        result.next_due = min((d for d in (result.next_due, due) if d is not None), default=None)
+        result.dues = sorted(result.dues + dues([p for p in policies if judged_by_nodes(p)], snapshot, now))
+    result.next_due = result.dues[0][0] if result.dues else None
     by_name = {p.name: p for p in policies}
     # Alerts the policies still propose hold; the ones they stopped proposing resolve once clear long enough.
     result.resolved = alerting.sync(session=session, proposals=proposed, snapshot=snapshot, policies=by_name,

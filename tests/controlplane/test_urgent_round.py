@@ -103,3 +103,40 @@ def test_an_urgent_round_waits_for_a_round_to_have_read_the_store_after_a_new_te
     assert setup.rounds.run_urgent() is None
     done = setup.rounds.run()
     assert done is not None and done[0] is not None and len(done[0].recorded) == 1
+
+
+SLOW = """name: slow
+condition: {signal: ttft_p99_seconds, op: ">", threshold: 1.0, for: 30s}
+action: {kind: alert, severity: warning}
+"""
+
+
+@pytest.mark.parametrize("recovered", [False, True])
+def test_a_for_that_completes_while_a_round_runs_is_judged_on_its_nodes_news_right_after(tmp_path: Path,
+                                                                                          recovered: bool) -> None:
+    slow, other = SimAgent("gpu-a", [SimReplica("r0")]), SimAgent("gpu-b", [SimReplica("r0")])
+    config = server_config(tmp_path, policy_dirs=[str(policy_dir(tmp_path, slow=SLOW))], policy_defaults=False,
+                           policy_history_seconds=900)
+    clock = FakeClock(T0)
+    with TestClient(create_app(config, clock=clock, run_jobs=False)) as client:
+        rounds = PolicyRounds(sessions=client.app.state.pitstop.sessions,  # type: ignore[attr-defined]
+                              config=config, clock=clock)
+        for t in (10, 20, 30, 40, 50):
+            clock.now = T0 + timedelta(seconds=t)
+            slow.replica("r0").ttft = 2.0 if t >= 30 else 0.1  # crossed at 30 s: met at 60 s if it goes on
+            slow.report(client, clock, 10)
+            other.report(client, clock, 10)
+        done = rounds.run()
+        assert done is not None and done[0] is not None and not done[0].recorded
+        assert done[0].dues == [(T0 + timedelta(seconds=60), "gpu-a")]
+        # While that round ran, the moment came, and both nodes reported again.
+        clock.now = T0 + timedelta(seconds=60)
+        slow.replica("r0").ttft = 0.1 if recovered else 2.0
+        slow.report(client, clock, 10)
+        other.report(client, clock, 10)
+        clock.now = T0 + timedelta(seconds=61)
+        urgent = rounds.run_urgent()
+        assert urgent is not None and rounds.rows.read_nodes == 1  # gpu-a's news alone
+        # Judged on what gpu-a reported since, as a whole round would: an alert only if the breach went on.
+        assert len(urgent[0].recorded) == (0 if recovered else 1)
+        assert rounds.run_urgent() is None  # the moments are that round's, used once
