@@ -171,7 +171,7 @@ class Jobs:
             return None
         self._on_round(done[1], self._clock().timestamp())  # its duration, and when it ended
         try:
-            urgent = self.rounds.run_urgent()  # the state changes that landed while it ran
+            urgent = self.rounds.run_urgent()  # the moments that came while it ran
         except Exception:  # the next round reads what it would have
             log.exception("urgent policy round failed")
             urgent = None

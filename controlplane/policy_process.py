@@ -159,7 +159,7 @@ def worker_main(config: ServerConfig, log_level: str, leader: Synchronized[int],
                     held.value = len(runner.samples)
                 continue
             due, took = _one_round(runner, rounds)
-            due = _urgent_round(runner, due)  # the state changes that landed while it ran
+            due = _urgent_round(runner, due)  # the moments that came while it ran
             debounce = debounce_after(config.policy_debounce_seconds, took, poke.is_set())
             if held is not None:
                 held.value = len(runner.samples)
