@@ -88,11 +88,6 @@ class SampleHistory:
         touched, self._touched = self._touched, set()
         return touched
 
-    @property
-    def primed(self) -> bool:
-        """Whether the window has been read (a refresh reads only what is new from then on)."""
-        return self._watermark is not None
-
     def refresh(self, session: Session, now: datetime, only: set[str] | None = None) -> int:
         """Read the rows written since the last refresh, drop what fell out of the window; rows added.
 

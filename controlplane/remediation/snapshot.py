@@ -96,7 +96,7 @@ class FleetRows:
         self._built: dict[str, tuple[Any, Node, list[Replica], list[Gpu]]] = {}  # name -> (inputs, objects)
         self._history: SampleHistory | None = None  # the cache the kept objects' histories came from
         self.read_nodes = 0  # nodes whose rows the last refresh read
-        self.node_rows: list[Any] | None = None  # the nodes' rows the last snapshot was built from, by name
+        self.node_rows: list[Any] | None = None  # the nodes' rows the last snapshot was built from, in order
         self.built_nodes = 0  # nodes whose objects the last snapshot built (the others were reused)
 
     def clear(self) -> None:
