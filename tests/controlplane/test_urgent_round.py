@@ -41,12 +41,12 @@ class Setup:
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> Iterator[Setup]:
+def setup(tmp_path: Path, db_url: str) -> Iterator[Setup]:
     wedging = SimAgent("gpu-a", [SimReplica("r0"), SimReplica("r1")])
     wedging.replica("r0").stalled = True  # idle: no token, nothing queued, canary fine (not a stall by itself)
     other = SimAgent("gpu-b", [SimReplica("r0")])
-    config = server_config(tmp_path, policy_dirs=[str(policy_dir(tmp_path, stall=STALL % ""))],
-                           policy_defaults=False, policy_history_seconds=900)
+    config = server_config(tmp_path, database_url=db_url, policy_defaults=False, policy_history_seconds=900,
+                           policy_dirs=[str(policy_dir(tmp_path, stall=STALL % ""))])
     clock = FakeClock(T0)
     with TestClient(create_app(config, clock=clock, run_jobs=False)) as client:
         rounds = PolicyRounds(sessions=client.app.state.pitstop.sessions,  # type: ignore[attr-defined]
@@ -112,11 +112,11 @@ action: {kind: alert, severity: warning}
 
 
 @pytest.mark.parametrize("recovered", [False, True])
-def test_a_for_that_completes_while_a_round_runs_is_judged_on_its_nodes_news_right_after(tmp_path: Path,
-                                                                                          recovered: bool) -> None:
+def test_a_for_that_completes_while_a_round_runs_is_judged_on_its_nodes_news_right_after(
+        tmp_path: Path, db_url: str, recovered: bool) -> None:
     slow, other = SimAgent("gpu-a", [SimReplica("r0")]), SimAgent("gpu-b", [SimReplica("r0")])
-    config = server_config(tmp_path, policy_dirs=[str(policy_dir(tmp_path, slow=SLOW))], policy_defaults=False,
-                           policy_history_seconds=900)
+    config = server_config(tmp_path, database_url=db_url, policy_defaults=False, policy_history_seconds=900,
+                           policy_dirs=[str(policy_dir(tmp_path, slow=SLOW))])
     clock = FakeClock(T0)
     with TestClient(create_app(config, clock=clock, run_jobs=False)) as client:
         rounds = PolicyRounds(sessions=client.app.state.pitstop.sessions,  # type: ignore[attr-defined]
