@@ -404,8 +404,8 @@ def policy_pass(url: str, more_reports: Callable[[], object]) -> dict[str, float
 
         rows_read = 0
 
-        def refresh(self, session: Session, now: datetime) -> int:
-            self.rows_read = super().refresh(session, now)
+        def refresh(self, session: Session, now: datetime, only: set[str] | None = None) -> int:
+            self.rows_read = super().refresh(session, now, only)
             return self.rows_read
 
     policies = load_directory(DEFAULTS_DIR)

@@ -299,7 +299,10 @@ def build_snapshot(*, session: Session, now: datetime, history: timedelta = time
     if only is not None and not partial:
         raise ValueError("a snapshot of some nodes' news needs the leader's caches, read once already")
     if samples is not None and use_history:
-        samples.refresh(session, now, only if partial else None)
+        if partial:
+            samples.refresh(session, now, only)
+        else:
+            samples.refresh(session, now)
     query = select(NodeRow.name, NodeRow.cordoned, NodeRow.cordoned_gpus, NodeRow.memory_total_bytes,
                    NodeRow.last_report_at, NodeRow.last_sequence).order_by(NodeRow.name)
     if partial and rows is not None and only is not None:
