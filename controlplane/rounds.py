@@ -197,13 +197,18 @@ class PolicyRounds:
                 return None
             result = self._judge(session, now, only=nodes)
         self._events_seen = max([seen, *(i for i, _ in changed)])
-        if result.recorded:  # ``last_round`` stays the last whole round's
-            log.info("urgent round (%d node(s): a change of state or a for: completed): %d proposed, recorded %s",
-                     len(nodes), result.proposed, result.recorded)
-            applied = apply_approved(sessions=self._sessions, now=self._clock)
-            if applied:
-                log.info("executor: applied %s", applied)
+        # ``last_round`` stays the last whole round's.
+        self._apply(result, f"urgent round ({len(nodes)} node(s): a change of state or a for: completed)")
         return result
+
+    def _apply(self, result: RoundResult, what: str) -> None:
+        """Apply at once what a round approved (and say what it recorded)."""
+        if not result.recorded:
+            return
+        log.info("%s: %d proposed, recorded %s", what, result.proposed, result.recorded)
+        applied = apply_approved(sessions=self._sessions, now=self._clock)
+        if applied:
+            log.info("executor: applied %s", applied)
 
     def _judge(self, session: Session, now: datetime, only: set[str] | None = None) -> RoundResult:
         return run_round(session=session, now=now, policies=self.policies.policies, guard_config=self.guard_config,
@@ -232,11 +237,7 @@ class PolicyRounds:
                 result = self._judge(session, now)
             self._events_seen, self._dues = events, result.dues
             self.last_round = result
-            if result.recorded:
-                log.info("policy round: %d proposed, recorded %s", result.proposed, result.recorded)
-                applied = apply_approved(sessions=self._sessions, now=self._clock)
-                if applied:
-                    log.info("executor: applied %s", applied)
+            self._apply(result, "policy round")
         if self._policy_hook is not None:
             with session_scope(self._sessions) as session:
                 self._policy_hook(session, self._clock())
